@@ -1,0 +1,15 @@
+"""pareto: measure compressed models on your hardware and pick the best one for a latency SLO.
+
+The query functions (``best``, ``frontier``, ``studies``) read only the database and never import
+torch; ``search`` runs the measurements (and imports torch and Optuna when called).
+"""
+
+from __future__ import annotations
+
+from pareto.task import Task
+
+# imported after the submodules they share names with, so `pareto.frontier` is the function
+from pareto.api import best, frontier, search, studies  # noqa: E402  isort: skip
+
+__all__ = ["Task", "best", "frontier", "search", "studies"]
+__version__ = "0.1.0"

@@ -1,0 +1,31 @@
+"""Errors a user can cause, each carrying one sentence that says what to do."""
+
+from __future__ import annotations
+
+
+class ParetoError(Exception):
+    """A failure the user can act on; the CLI prints the message and exits with ``exit_code``."""
+
+    exit_code = 1
+
+
+class UsageError(ParetoError):
+    """Bad input: a malformed value, an unknown name, a config that does not validate."""
+
+    exit_code = 2
+
+
+class TaskError(UsageError):
+    """A task that cannot be found, imported or built."""
+
+
+class TechniqueError(ParetoError):
+    """A compression technique that broke on a model; the trial fails with this reason stored."""
+
+
+class StoreError(ParetoError):
+    """The database cannot be opened, written or migrated."""
+
+
+class NoFeasibleConfiguration(ParetoError):
+    """No stored configuration meets the SLOs."""

@@ -1,0 +1,88 @@
+"""The Task contract: what a user writes to plug a model into pareto.
+
+Example::
+
+    from pareto import Task
+
+    def make_task() -> Task:
+        return Task(name="my-model", model=model,
+                    example_input=lambda batch_size: torch.randn(batch_size, 64),
+                    evaluate=lambda model: accuracy(model),
+                    train_data=None)
+
+Load it with ``pareto search --task package.module:make_task``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pareto.errors import TaskError
+
+if TYPE_CHECKING:
+    from torch import nn
+
+#: Built-in tasks by name; each value is a ``module:factory`` reference like a user's own.
+BUILTIN_TASKS: dict[str, str] = {
+    "demo": "pareto.tasks.demo:make_task",
+}
+
+
+@dataclass
+class Task:
+    """A model, a way to make its inputs, and a way to score it.
+
+    Args:
+        name: Short name stored with every trial.
+        model: The uncompressed ``torch.nn.Module``; pareto never modifies it in place.
+        example_input: ``batch_size -> input`` (a tensor or a tuple of tensors) used for timing.
+        evaluate: ``model -> float``, higher is better (accuracy, F1, fidelity...).
+        train_data: Optional iterable of ``(inputs, targets)`` for distillation or recovery fine-tuning.
+        batch_size: The batch size the task is served at when the search space does not say.
+    """
+
+    name: str
+    model: nn.Module
+    example_input: Callable[[int], Any]
+    evaluate: Callable[[nn.Module], float]
+    train_data: Iterable[Any] | None = None
+    batch_size: int = 1
+
+
+def load_task(ref: str) -> Task:
+    """Build a task from a built-in name (``demo``) or a ``package.module:factory`` reference.
+
+    Raises:
+        TaskError: the name is unknown, the module does not import, or the factory fails.
+    """
+    target = BUILTIN_TASKS.get(ref, ref)
+    if ":" not in target:
+        known = ", ".join(sorted(BUILTIN_TASKS))
+        raise TaskError(
+            f"Unknown task {ref!r}: use a built-in task ({known}) or 'package.module:factory'."
+        )
+    module_name, _, attr = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # any import-time failure of user code is reported, not raised
+        raise TaskError(f"Task module {module_name!r} could not be imported: {_reason(exc)}.") from exc
+    factory = getattr(module, attr, None)
+    if factory is None or not callable(factory):
+        raise TaskError(f"Module {module_name!r} has no callable {attr!r} to build the task.")
+    try:
+        task = factory()
+    except Exception as exc:  # the factory is user code; its failure is a task error
+        raise TaskError(f"Task factory {target!r} failed: {_reason(exc)}.") from exc
+    if not isinstance(task, Task):
+        raise TaskError(f"Task factory {target!r} returned {type(task).__name__}, not pareto.Task.")
+    if task.batch_size < 1:
+        raise TaskError(f"Task {task.name!r} has batch_size {task.batch_size}; it must be at least 1.")
+    return task
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip().rstrip(".") or "no message"
+    return f"{type(exc).__name__}: {text}"

@@ -1,0 +1,65 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pareto.errors import UsageError
+from pareto.spec import DEFAULT_SPACE, SearchSpec, load_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_default_spec_is_the_demo_config() -> None:
+    from_file = load_spec(ROOT / "configs" / "demo.yaml")
+    assert from_file == SearchSpec(slo={"p99": "7ms"})
+    assert from_file.space.model_dump() == SearchSpec().space.model_dump()
+    assert set(DEFAULT_SPACE["techniques"]) == set(from_file.space.techniques)
+
+
+def test_cli_flags_override_yaml(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({"slo": {"p99": "9ms", "min_accuracy": 0.5}, "search": {"n_trials": 4}}))
+    spec = load_spec(path, {"slo.p99": "500us", "search.seed": 3, "search.n_trials": None})
+    assert spec.slo.p99_ms == pytest.approx(0.5)
+    assert spec.slo.min_accuracy == 0.5
+    assert spec.search.n_trials == 4
+    assert spec.search.seed == 3
+
+
+def test_study_name_defaults_to_task() -> None:
+    assert SearchSpec().study_name == "demo"
+    assert SearchSpec(task="pkg.mod:make_task").study_name == "make_task"
+    assert SearchSpec(study="x").study_name == "x"
+
+
+@pytest.mark.parametrize(
+    ("content", "phrase"),
+    [
+        ("slo: {p99: 7}", "has no unit"),
+        ("slo: {p99: 7parsecs}", "Unknown time unit"),
+        ("space: {techniques: {magic_speedup: {}}}", "unknown technique 'magic_speedup'"),
+        ("space: {techniques: {lowrank: {rank: [1]}}}", "has no parameter 'rank'"),
+        ("space: {techniques: {lowrank: {}}}", "needs a space for 'rank_ratio'"),
+        ("space: {techniques: {prune_unstructured: {sparsity: [0.5, 1.5]}}}", "sparsity"),
+        ("space: {techniques: {prune_unstructured: {sparsity: {low: 0.9, high: 0.1}}}}", "must be below"),
+        ("search: {n_trials: 0}", "n_trials"),
+        ("bogus: 1", "unknown key"),
+        ("slo: [1, 2]", "slo"),
+        ("task: demo\n  nested: : :", "malformed YAML"),
+        ("- a list", "must be a YAML mapping"),
+    ],
+)
+def test_bad_specs_are_one_sentence(tmp_path: Path, content: str, phrase: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(content)
+    with pytest.raises(UsageError, match=phrase) as info:
+        load_spec(path)
+    assert str(path) in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="Cannot read config"):
+        load_spec(tmp_path / "nope.yaml")
