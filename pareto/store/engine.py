@@ -1,0 +1,154 @@
+"""Database URLs, engines (SQLite in WAL mode with a busy timeout) and schema upgrades."""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from collections.abc import Iterator
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import create_engine, event, inspect
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from pareto.errors import StoreError, UsageError
+
+DEFAULT_URL = "sqlite:///pareto.db"
+#: Our own Alembic history lives beside Optuna's (which uses ``alembic_version``) without colliding.
+VERSION_TABLE = "pareto_alembic_version"
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+def resolve_url(db: str | None = None) -> str:
+    """``--db`` first, then ``PARETO_DB_URL``, then ``sqlite:///pareto.db``; a bare path means SQLite."""
+    url = db or os.environ.get("PARETO_DB_URL") or DEFAULT_URL
+    if "://" not in url:
+        url = f"sqlite:///{url}"
+    if url.startswith("postgresql://") or url.startswith("postgres://"):
+        # psycopg 3 is the driver we install; SQLAlchemy's bare scheme means psycopg2
+        url = "postgresql+psycopg://" + url.split("://", 1)[1]
+    try:
+        make_url(url)
+    except ArgumentError as exc:
+        raise UsageError(f"Cannot read database URL {url!r}; use e.g. sqlite:///pareto.db.") from exc
+    return url
+
+
+def engine_kwargs(url: str) -> dict[str, Any]:
+    """Keyword arguments for ``create_engine`` shared with Optuna's RDB storage."""
+    if make_url(url).get_backend_name() == "sqlite":
+        return {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}}
+    return {"pool_pre_ping": True}
+
+
+def open_engine(url: str, *, create: bool = True) -> Engine:
+    """An engine for ``url``; with ``create=False`` a missing SQLite file is an error, not a new file.
+
+    Raises:
+        StoreError: the database cannot be reached or the SQLite path cannot be written.
+    """
+    parsed = make_url(url)
+    is_sqlite = parsed.get_backend_name() == "sqlite"
+    if is_sqlite and parsed.database and parsed.database != ":memory:":
+        path = Path(parsed.database)
+        if not create and not path.exists():
+            raise StoreError(f"No database at {path}; run 'pareto search' first or pass --db.")
+        if create and not path.parent.exists():
+            raise StoreError(f"Cannot create database {path}: folder {path.parent} does not exist.")
+        if create and not os.access(path.parent, os.W_OK):
+            raise StoreError(f"Cannot write database {path}: folder {path.parent} is not writable.")
+    try:
+        engine = create_engine(url, **engine_kwargs(url))
+    except (ImportError, SQLAlchemyError) as exc:
+        raise StoreError(f"Cannot open database {_safe(url)}: {_first_line(exc)}.") from exc
+    if is_sqlite:
+        event.listen(engine, "connect", _sqlite_pragmas)
+    try:
+        with engine.connect():
+            pass
+    except SQLAlchemyError as exc:
+        raise StoreError(f"Cannot open database {_safe(url)}: {_first_line(exc)}.") from exc
+    return engine
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    # WAL lets readers (pareto best) run while a search writes; the busy timeout waits out writers
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()
+
+
+def migrations_dir() -> Path:
+    return Path(str(resources.files("pareto._migrations")))
+
+
+def alembic_config(engine: Engine) -> Any:
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(migrations_dir()))
+    cfg.set_main_option("sqlalchemy.url", engine.url.render_as_string(hide_password=False))
+    return cfg
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Bring pareto's tables up to ``revision`` (Optuna migrates its own tables itself)."""
+    from alembic import command
+
+    cfg = alembic_config(engine)
+    try:
+        with engine.begin() as connection:
+            cfg.attributes["connection"] = connection
+            command.upgrade(cfg, revision)
+    except SQLAlchemyError as exc:
+        raise StoreError(f"Cannot migrate database {_safe(str(engine.url))}: {_first_line(exc)}.") from exc
+
+
+def current_revision(engine: Engine) -> str | None:
+    from sqlalchemy import text
+
+    if not inspect(engine).has_table(VERSION_TABLE):
+        return None
+    with engine.connect() as connection:
+        return connection.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalar()
+
+
+def require_schema(engine: Engine) -> None:
+    """Queries read an existing schema and never create one.
+
+    Raises:
+        StoreError: the database has no pareto tables yet.
+    """
+    if not inspect(engine).has_table("pareto_studies"):
+        raise StoreError(
+            f"Database {_safe(str(engine.url))} has no pareto studies yet; run 'pareto search' first."
+        )
+
+
+@contextmanager
+def session_scope(engine: Engine) -> Iterator[Session]:
+    """A session that commits on success and rolls back on any error."""
+    factory = sessionmaker(engine, expire_on_commit=False)
+    session = factory()
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+
+
+def _safe(url: str) -> str:
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def _first_line(exc: BaseException) -> str:
+    orig = getattr(exc, "orig", None) or exc
+    return (str(orig).strip().splitlines() or [type(orig).__name__])[0].rstrip(".")

@@ -1,0 +1,127 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from alembic.script import ScriptDirectory
+from sqlalchemy import inspect, select, text
+
+from pareto.errors import StoreError
+from pareto.store.engine import (
+    VERSION_TABLE,
+    alembic_config,
+    current_revision,
+    open_engine,
+    require_schema,
+    resolve_url,
+    session_scope,
+    upgrade,
+)
+from pareto.store.models import Environment, Measurement, Study, Trial
+
+
+def _revisions(engine) -> list[str]:
+    script = ScriptDirectory.from_config(alembic_config(engine))
+    return [r.revision for r in reversed(list(script.walk_revisions()))]
+
+
+def test_upgrade_from_empty_creates_tables(db_url: str) -> None:
+    engine = open_engine(db_url)
+    assert current_revision(engine) is None
+    upgrade(engine)
+    tables = set(inspect(engine).get_table_names())
+    assert {"pareto_studies", "pareto_trials", "pareto_measurements", "pareto_environments", VERSION_TABLE} <= tables
+    assert current_revision(engine) == _revisions(engine)[-1]
+    upgrade(engine)  # idempotent
+    assert current_revision(engine) == _revisions(engine)[-1]
+
+
+def test_every_migration_upward_keeps_data(db_url: str) -> None:
+    """Walk the history one revision at a time from the first, with data stored from the first on."""
+    engine = open_engine(db_url)
+    revisions = _revisions(engine)
+    upgrade(engine, revisions[0])
+    with engine.begin() as conn:
+        conn.execute(text(
+            "INSERT INTO pareto_studies (name, task, spec, created_at, updated_at) "
+            "VALUES ('kept', 'demo', '{}', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"
+        ))
+    for revision in revisions[1:]:
+        upgrade(engine, revision)
+    upgrade(engine)
+    with session_scope(engine) as session:
+        assert session.scalars(select(Study.name)).all() == ["kept"]
+
+
+def test_our_history_and_optunas_share_one_database(db_url: str) -> None:
+    import optuna
+
+    engine = open_engine(db_url)
+    upgrade(engine)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    storage = optuna.storages.RDBStorage(db_url)
+    optuna.create_study(study_name="s", storage=storage)
+    tables = set(inspect(engine).get_table_names())
+    assert "alembic_version" in tables and VERSION_TABLE in tables  # two separate histories
+    assert current_revision(engine) == _revisions(engine)[-1]
+    storage.remove_session()
+    storage.engine.dispose()
+
+
+def test_rows_round_trip(db_url: str) -> None:
+    engine = open_engine(db_url)
+    upgrade(engine)
+    with session_scope(engine) as session:
+        env = Environment(key="k", device="cpu", device_name="x", torch_version="2", cpu_model="x", threads=2,
+                          hostname="h", details={"a": 1})
+        study = Study(name="s", task="demo", spec={"slo": {"p99": 7.0}})
+        session.add_all([env, study])
+        session.flush()
+        trial = Trial(study_id=study.id, optuna_number=0, config={"batch_size": 1, "techniques": []},
+                      config_key="c", description="baseline @ batch 1", is_baseline=True, batch_size=1,
+                      environment_id=env.id, state="COMPLETE")
+        session.add(trial)
+        session.flush()
+        session.add(Measurement(
+            trial_id=trial.id, environment_id=env.id, accuracy=0.9, batch_size=1, latency_mean_ms=1,
+            latency_p50_ms=1, latency_p90_ms=1, latency_p99_ms=2, latency_p99_upper_ms=2.5, latency_p999_ms=3,
+            p99_p50_ratio=2, samples=662, warmup=10, confidence=0.95, method="m", throughput_per_s=1000,
+            params_bytes=4 * 10**9, theoretical_bytes=10, compression_ratio=1.0,
+        ))
+    with session_scope(engine) as session:
+        m = session.scalars(select(Measurement)).one()
+        assert m.params_bytes == 4 * 10**9  # BigInteger: past 2 GiB
+        assert m.trial.study.spec == {"slo": {"p99": 7.0}}
+
+
+def test_sqlite_runs_in_wal_mode(tmp_path: Path) -> None:
+    engine = open_engine(f"sqlite:///{tmp_path}/w.db")
+    with engine.connect() as conn:
+        assert conn.execute(text("PRAGMA journal_mode")).scalar() == "wal"
+        assert conn.execute(text("PRAGMA busy_timeout")).scalar() > 0
+
+
+def test_unwritable_path_is_one_sentence(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="does not exist"):
+        open_engine(f"sqlite:///{tmp_path}/missing/dir/p.db")
+
+
+def test_queries_never_create_a_database(tmp_path: Path) -> None:
+    path = tmp_path / "absent.db"
+    with pytest.raises(StoreError, match="No database"):
+        open_engine(f"sqlite:///{path}", create=False)
+    assert not path.exists()
+    engine = open_engine(f"sqlite:///{tmp_path}/empty.db")
+    with pytest.raises(StoreError, match="no pareto studies"):
+        require_schema(engine)
+
+
+def test_resolve_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PARETO_DB_URL", raising=False)
+    assert resolve_url(None) == "sqlite:///pareto.db"
+    assert resolve_url("x.db") == "sqlite:///x.db"
+    assert resolve_url("postgresql://u@h/d") == "postgresql+psycopg://u@h/d"
+    monkeypatch.setenv("PARETO_DB_URL", "sqlite:///env.db")
+    assert resolve_url(None) == "sqlite:///env.db"
+    with pytest.raises(StoreError, match="Cannot open database"):
+        open_engine(resolve_url("nonsense://x/y"))
