@@ -1,0 +1,171 @@
+"""The Pareto frontier, the SLO filter on conservative bounds, and the pick; no torch, no database."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pareto.errors import NoFeasibleConfiguration
+from pareto.measure.stats import MIN_SAMPLES_P99, Verdict, slo_verdict
+from pareto.units import format_bytes, format_ms
+
+#: Objectives of the frontier: (metric, maximize?). The latency objective is the conservative bound.
+DEFAULT_OBJECTIVES: tuple[tuple[str, bool], ...] = (("accuracy", True), ("latency_p99_upper_ms", False))
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """What a configuration must meet; None means unconstrained."""
+
+    p99_ms: float | None = None
+    min_accuracy: float | None = None
+    max_memory_bytes: int | None = None
+    min_samples: int = MIN_SAMPLES_P99
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "p99_ms": self.p99_ms,
+            "min_accuracy": self.min_accuracy,
+            "max_memory_bytes": self.max_memory_bytes,
+        }
+
+    def describe(self) -> str:
+        parts = []
+        if self.p99_ms is not None:
+            parts.append(f"P99 ≤ {format_ms(self.p99_ms)}")
+        if self.min_accuracy is not None:
+            parts.append(f"accuracy ≥ {self.min_accuracy:g}")
+        if self.max_memory_bytes is not None:
+            parts.append(f"parameters ≤ {format_bytes(self.max_memory_bytes)}")
+        return " and ".join(parts) or "no SLO"
+
+
+@dataclass
+class Candidate:
+    """One measured configuration as the queries see it."""
+
+    study: str
+    trial: int
+    config: dict[str, Any]
+    description: str
+    metrics: dict[str, Any]
+    environment: dict[str, Any]
+    slo: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "study": self.study,
+            "trial": self.trial,
+            "config": self.config,
+            "metrics": self.metrics,
+            "slo": self.slo,
+            "environment": self.environment,
+        }
+
+
+def non_dominated(points: Sequence[Sequence[float]], maximize: Sequence[bool]) -> list[int]:
+    """Indices of the points no other point dominates, for any number of objectives.
+
+    A point dominates another when it is at least as good in every objective and better in one;
+    equal points therefore do not dominate each other, and duplicates stay on the frontier together.
+    """
+    signs = [1.0 if m else -1.0 for m in maximize]
+    scored = [[s * v for s, v in zip(signs, p, strict=True)] for p in points]
+    front = []
+    for i, a in enumerate(scored):
+        dominated = any(
+            all(bj >= aj for aj, bj in zip(a, b)) and any(bj > aj for aj, bj in zip(a, b))
+            for j, b in enumerate(scored)
+            if j != i
+        )
+        if not dominated:
+            front.append(i)
+    return front
+
+
+def frontier(
+    candidates: Sequence[Candidate],
+    objectives: Sequence[tuple[str, bool]] = DEFAULT_OBJECTIVES,
+) -> list[Candidate]:
+    """The non-dominated candidates, fastest first."""
+    usable = [c for c in candidates if all(_finite(c.metrics.get(name)) for name, _ in objectives)]
+    points = [[float(c.metrics[name]) for name, _ in objectives] for c in usable]
+    front = [usable[i] for i in non_dominated(points, [m for _, m in objectives])]
+    return sorted(front, key=lambda c: (c.metrics["latency_p99_upper_ms"], -c.metrics["accuracy"], c.trial))
+
+
+def p99_verdict(metrics: dict[str, Any], slo_ms: float, min_samples: int = MIN_SAMPLES_P99) -> Verdict:
+    """The P99 verdict of stored metrics; a missing bound (None) means unbounded on that side."""
+    lower, upper = metrics.get("latency_p99_lower_ms"), metrics.get("latency_p99_upper_ms")
+    return slo_verdict(
+        -math.inf if lower is None else lower,
+        math.inf if upper is None else upper,
+        slo_ms,
+        int(metrics.get("samples", 0)),
+        min_samples=min_samples,
+    )
+
+
+def evaluate(candidate: Candidate, constraints: Constraints) -> tuple[bool, list[str], float]:
+    """(feasible, violations as phrases, relative distance to feasibility) on the conservative bounds."""
+    m = candidate.metrics
+    violations: list[str] = []
+    distance = 0.0
+    verdict = None
+    if constraints.p99_ms is not None:
+        verdict = p99_verdict(m, constraints.p99_ms, constraints.min_samples)
+        upper = m.get("latency_p99_upper_ms")
+        if verdict != "met":
+            if upper is None or not math.isfinite(upper):
+                violations.append(f"its P99 bound is undecided after {m.get('samples')} samples")
+                distance += 1.0
+            elif upper > constraints.p99_ms:
+                over = upper - constraints.p99_ms
+                violations.append(
+                    f"its P99 upper bound is {format_ms(upper)}, {format_ms(over)} "
+                    f"({over / constraints.p99_ms:.0%}) over {format_ms(constraints.p99_ms)}"
+                )
+                distance += over / constraints.p99_ms
+            else:
+                violations.append(
+                    f"its P99 is within {format_ms(constraints.p99_ms)} but from only {m.get('samples')} "
+                    f"samples (need {constraints.min_samples})"
+                )
+                distance += 0.01
+    if constraints.min_accuracy is not None and m["accuracy"] < constraints.min_accuracy:
+        short = constraints.min_accuracy - m["accuracy"]
+        violations.append(f"its accuracy {m['accuracy']:.4g} is {short:.3g} below {constraints.min_accuracy:g}")
+        distance += short / max(abs(constraints.min_accuracy), 1e-12)
+    if constraints.max_memory_bytes is not None and m["params_bytes"] > constraints.max_memory_bytes:
+        over_b = m["params_bytes"] - constraints.max_memory_bytes
+        violations.append(
+            f"its parameters take {format_bytes(m['params_bytes'])}, {format_bytes(over_b)} over the budget"
+        )
+        distance += over_b / constraints.max_memory_bytes
+    candidate.slo = {**constraints.to_dict(), "p99_verdict": verdict, "feasible": not violations}
+    return not violations, violations, distance
+
+
+def select_best(candidates: Sequence[Candidate], constraints: Constraints, *, study: str) -> Candidate:
+    """Highest accuracy among the feasible candidates, then the lowest P99 upper bound.
+
+    Raises:
+        NoFeasibleConfiguration: nothing meets the constraints; the message names the closest candidate.
+    """
+    if not candidates:
+        raise NoFeasibleConfiguration(f"Study {study!r} has no completed trial to choose from yet.")
+    judged = [(c, *evaluate(c, constraints)) for c in candidates]
+    feasible = [c for c, ok, _, _ in judged if ok]
+    if feasible:
+        return min(feasible, key=lambda c: (-c.metrics["accuracy"], c.metrics["latency_p99_upper_ms"], c.trial))
+    closest, _, violations, _ = min(judged, key=lambda j: (j[3], j[0].trial))
+    raise NoFeasibleConfiguration(
+        f"No stored configuration of study {study!r} meets {constraints.describe()}; the closest is "
+        f"trial {closest.trial} ({closest.description}): {'; '.join(violations)}."
+    )
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)

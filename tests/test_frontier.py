@@ -1,0 +1,88 @@
+from __future__ import annotations
+
+import pytest
+
+from pareto.errors import NoFeasibleConfiguration
+from pareto.frontier import Candidate, Constraints, frontier, non_dominated, p99_verdict, select_best
+
+
+def cand(trial: int, acc: float, upper: float, *, lower: float | None = None, samples: int = 1000,
+         params: int = 100) -> Candidate:
+    metrics = {
+        "accuracy": acc,
+        "latency_p99_ms": upper * 0.9,
+        "latency_p99_lower_ms": lower if lower is not None else upper * 0.8,
+        "latency_p99_upper_ms": upper,
+        "samples": samples,
+        "params_bytes": params,
+    }
+    return Candidate("s", trial, {}, f"config {trial}", metrics, {})
+
+
+def test_non_dominated_basic() -> None:
+    points = [(0.85, 10.0), (0.83, 5.0), (0.80, 6.0), (0.90, 20.0)]
+    assert non_dominated(points, [True, False]) == [0, 1, 3]
+
+
+def test_non_dominated_empty_and_single() -> None:
+    assert non_dominated([], [True, False]) == []
+    assert non_dominated([(1.0, 2.0)], [True, False]) == [0]
+
+
+def test_duplicates_stay_together_and_ties_are_handled() -> None:
+    points = [(0.9, 5.0), (0.9, 5.0), (0.9, 6.0), (0.8, 5.0)]
+    # the two equal points do not dominate each other; a tie in one objective and worse in the other loses
+    assert non_dominated(points, [True, False]) == [0, 1]
+
+
+def test_non_dominated_three_objectives() -> None:
+    points = [(1, 1, 1), (2, 0, 0), (0, 2, 0), (0, 0, 2), (0, 0, 0)]
+    assert non_dominated(points, [True, True, True]) == [0, 1, 2, 3]
+    assert non_dominated(points, [False, False, False]) == [4]
+
+
+def test_frontier_sorted_fastest_first() -> None:
+    cands = [cand(1, 0.85, 10), cand(2, 0.83, 5), cand(3, 0.80, 6)]
+    assert [c.trial for c in frontier(cands)] == [2, 1]
+
+
+def test_domain_example_slo_decides_between_incomparable_points() -> None:
+    a, b = cand(1, 0.85, 10), cand(2, 0.83, 5)  # DOMAIN.md: A 85 % at 10 ms, B 83 % at 5 ms
+    assert select_best([a, b], Constraints(p99_ms=7), study="s").trial == 2
+    assert select_best([a, b], Constraints(min_accuracy=0.84), study="s").trial == 1
+
+
+def test_selection_uses_the_upper_bound_then_lowest_p99() -> None:
+    cands = [cand(1, 0.9, 7.5, lower=6.0), cand(2, 0.9, 6.5), cand(3, 0.9, 6.0), cand(4, 0.8, 1.0)]
+    assert select_best(cands, Constraints(p99_ms=7), study="s").trial == 3
+
+
+def test_too_few_samples_is_uncertain_never_met() -> None:
+    few = cand(1, 0.9, 3.0, samples=100)
+    assert p99_verdict(few.metrics, 7.0, 662) == "uncertain"
+    with pytest.raises(NoFeasibleConfiguration, match="only 100 samples"):
+        select_best([few], Constraints(p99_ms=7), study="s")
+
+
+def test_missed_when_lower_bound_is_above() -> None:
+    assert p99_verdict(cand(1, 0.9, 12.0, lower=8.0).metrics, 7.0, 662) == "missed"
+    assert p99_verdict(cand(1, 0.9, 8.0, lower=6.0).metrics, 7.0, 662) == "uncertain"
+
+
+def test_no_feasible_names_the_closest() -> None:
+    cands = [cand(1, 0.9, 20.0), cand(2, 0.9, 7.5), cand(3, 0.5, 3.0)]
+    with pytest.raises(NoFeasibleConfiguration) as info:
+        select_best(cands, Constraints(p99_ms=7, min_accuracy=0.8), study="s")
+    message = str(info.value)
+    assert "closest is trial 2" in message
+    assert "0.500 ms (7%) over 7.00 ms" in message
+
+
+def test_no_candidates() -> None:
+    with pytest.raises(NoFeasibleConfiguration, match="no completed trial"):
+        select_best([], Constraints(p99_ms=7), study="s")
+
+
+def test_memory_budget() -> None:
+    cands = [cand(1, 0.9, 1.0, params=1000), cand(2, 0.85, 1.0, params=10)]
+    assert select_best(cands, Constraints(max_memory_bytes=100), study="s").trial == 2
