@@ -1,0 +1,77 @@
+"""The environment a measurement was taken in, and a key that says which measurements compare."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import re
+import socket
+from pathlib import Path
+from typing import Any
+
+#: Fields that must match for two measurements to be comparable in one frontier.
+KEY_FIELDS = ("device_name", "driver", "torch_version", "cpu_model", "threads", "hostname")
+
+
+def fingerprint(device: str, threads: int) -> dict[str, Any]:
+    """Describe the hardware and software a measurement on ``device`` runs on.
+
+    Args:
+        device: A resolved device, "cpu" or "cuda:N".
+        threads: The torch thread count used while timing.
+
+    Returns:
+        device, device_name, driver (None on CPU), torch_version, python_version, platform,
+        cpu_model, cpu_count, threads and hostname.
+    """
+    import torch  # lazily: query commands import this package without torch
+
+    cpu_model = _cpu_model()
+    on_cuda = device.startswith("cuda")
+    return {
+        "device": device,
+        "device_name": torch.cuda.get_device_name(torch.device(device)) if on_cuda else cpu_model,
+        "driver": _cuda_driver() if on_cuda else None,
+        "torch_version": torch.__version__,
+        "python_version": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_model": cpu_model,
+        "cpu_count": os.cpu_count(),
+        "threads": threads,
+        "hostname": socket.gethostname(),
+    }
+
+
+def environment_key(fp: dict[str, Any]) -> str:
+    """Return a short stable hash of the fingerprint fields in ``KEY_FIELDS``.
+
+    Raises:
+        KeyError: ``fp`` lacks one of those fields.
+    """
+    payload = json.dumps({name: fp[name] for name in KEY_FIELDS}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:  # not Linux: fall back to what platform knows
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _cuda_driver() -> str:
+    """The CUDA (or HIP) runtime torch was built with, and the NVIDIA kernel driver when readable."""
+    import torch
+
+    runtime = f"CUDA {torch.version.cuda}" if torch.version.cuda else f"HIP {torch.version.hip}"
+    try:
+        text = Path("/proc/driver/nvidia/version").read_text()
+    except OSError:  # no NVIDIA kernel module info (ROCm, containers without /proc/driver)
+        return runtime
+    match = re.search(r"\s(\d+\.\d+(?:\.\d+)?)\s", text)
+    return f"{runtime}, driver {match.group(1)}" if match else runtime
