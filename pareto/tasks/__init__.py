@@ -1,0 +1,1 @@
+"""Built-in tasks, loaded by name through ``pareto.task.BUILTIN_TASKS``."""
