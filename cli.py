@@ -1,0 +1,221 @@
+"""The `pareto` command tree: parse, call pareto.*, print. No logic lives here."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from pareto.errors import ParetoError, UsageError
+from pareto.units import format_bytes, format_ms, parse_duration_ms, parse_size_bytes
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+class _Checked(click.ParamType):
+    """A string option checked by a pareto parser and passed on unchanged."""
+
+    def __init__(self, name: str, parser: Any) -> None:
+        self.name, self.parser = name, parser
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        try:
+            self.parser(value)
+        except UsageError as exc:
+            self.fail(str(exc), param, ctx)
+        return value
+
+
+DURATION = _Checked("duration", parse_duration_ms)
+SIZE = _Checked("size", parse_size_bytes)
+
+db_option = click.option(
+    "--db", envvar="PARETO_DB_URL", help="Database URL [env PARETO_DB_URL; default sqlite:///pareto.db]."
+)
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+study_option = click.option("--study", help="Study name (default: the only study in the database).")
+
+
+def slo_options(func: Any) -> Any:
+    func = click.option("--max-memory", type=SIZE, help="Parameter memory budget, e.g. 512MiB, 2GB.")(func)
+    func = click.option("--min-accuracy", type=float, help="Accuracy floor (the task's metric).")(func)
+    func = click.option("--slo-p99", type=DURATION, help="P99 latency bound, e.g. 7ms, 500us.")(func)
+    return func
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="pareto-slo")
+def cli() -> None:
+    """Measure compressed models on your hardware; pick the best one for your latency SLO."""
+
+
+@cli.command()
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="YAML search spec (see configs/).")
+@click.option("--task", help="Built-in task name (demo) or package.module:factory.")
+@study_option
+@slo_options
+@click.option("--n-trials", type=click.IntRange(min=1), help="Trials to run now [default 30].")
+@click.option("--timeout", type=DURATION, help="Stop starting trials after this long, e.g. 10min.")
+@click.option("--seed", type=int, help="Sampler seed [default 0].")
+@click.option("--sampler", type=click.Choice(["tpe", "nsga2", "random"]), help="Optuna sampler [default tpe].")
+@click.option("--device", help="auto, cpu, cuda or cuda:N [default auto].")
+@click.option("--threads", type=click.IntRange(min=1), help="Intra-op threads while timing [default torch's].")
+@click.option("--samples", type=click.IntRange(min=1), help="Timed calls per trial [default 662].")
+@click.option("--warmup", type=click.IntRange(min=0), help="Untimed warm-up calls [default 50].")
+@db_option
+@json_option
+def search(config_path: str | None, db: str | None, as_json: bool, **flags: Any) -> None:
+    """Search compression configurations, measuring every trial; re-running continues the study."""
+    from pareto.api import search as run
+    from pareto.spec import load_spec
+
+    overrides = {
+        "task": flags["task"],
+        "study": flags["study"],
+        "slo.p99": flags["slo_p99"],
+        "slo.min_accuracy": flags["min_accuracy"],
+        "budget.max_memory": flags["max_memory"],
+        "search.n_trials": flags["n_trials"],
+        "search.timeout": flags["timeout"],
+        "search.seed": flags["seed"],
+        "search.sampler": flags["sampler"],
+        "measure.device": flags["device"],
+        "measure.threads": flags["threads"],
+        "measure.samples": flags["samples"],
+        "measure.warmup": flags["warmup"],
+    }
+    spec = load_spec(config_path, overrides)
+    from pareto.report import ProgressReporter
+
+    with ProgressReporter(err, enabled=not as_json) as reporter:
+        result = run(spec, db=db, reporter=reporter)
+    if as_json:
+        _print_json(
+            {
+                "study": result.study,
+                "trials_run": result.trials_run,
+                "interrupted": result.interrupted,
+                "frontier": [c.to_dict() for c in result.frontier],
+                "best": result.best.to_dict() if result.best else None,
+                "no_best_reason": result.no_best_reason,
+            }
+        )
+        return
+    from pareto.report import best_card, frontier_table
+
+    if result.interrupted:
+        err.print(f"Interrupted: {result.trials_run} trials of this run are stored; run again to continue.")
+    out.print(frontier_table(result.frontier, title=f"Pareto frontier of study {result.study!r}"))
+    if result.best is not None:
+        out.print(best_card(result.best.to_dict()))
+    else:
+        out.print(f"[bold red]{result.no_best_reason}[/]")
+
+
+@cli.command()
+@study_option
+@slo_options
+@db_option
+@json_option
+def best(study: str | None, slo_p99: str | None, min_accuracy: float | None, max_memory: str | None,
+         db: str | None, as_json: bool) -> None:
+    """The stored configuration with the highest accuracy that meets the SLO (conservative bound)."""
+    from pareto.api import best as query
+
+    pick = query(study=study, slo_p99=slo_p99, min_accuracy=min_accuracy, max_memory=max_memory, db=db)
+    if as_json:
+        _print_json(pick)
+        return
+    from pareto.report import best_card
+
+    out.print(best_card(pick))
+
+
+@cli.command()
+@study_option
+@slo_options
+@db_option
+@json_option
+def frontier(study: str | None, slo_p99: str | None, min_accuracy: float | None, max_memory: str | None,
+             db: str | None, as_json: bool) -> None:
+    """The Pareto frontier of a study: accuracy against the P99 upper bound."""
+    from pareto.api import frontier as query
+
+    front = query(study=study, slo_p99=slo_p99, min_accuracy=min_accuracy, max_memory=max_memory, db=db)
+    if as_json:
+        _print_json(front)
+        return
+    from pareto.report import frontier_table
+
+    out.print(frontier_table(front))
+
+
+@cli.command()
+@db_option
+@json_option
+def studies(db: str | None, as_json: bool) -> None:
+    """The studies in the database."""
+    from pareto.api import studies as query
+
+    rows = query(db=db)
+    if as_json:
+        _print_json(rows)
+        return
+    table = Table(title="Studies")
+    for column in ("study", "task", "complete", "failed", "P99 SLO", "environments", "updated"):
+        table.add_column(column)
+    for r in rows:
+        p99 = r["slo"].get("p99")
+        table.add_row(
+            r["study"], r["task"], str(r["complete"]), str(r["failed"]),
+            format_ms(p99) if p99 else "—", str(r["environments"]), r["updated_at"][:19].replace("T", " "),
+        )
+    out.print(table)
+
+
+@cli.group()
+def db() -> None:
+    """Database maintenance."""
+
+
+@db.command("upgrade")
+@db_option
+def db_upgrade(db: str | None) -> None:
+    """Create or migrate pareto's tables to the latest revision."""
+    from pareto.store.engine import current_revision, open_engine, resolve_url, upgrade
+
+    engine = open_engine(resolve_url(db))
+    upgrade(engine)
+    out.print(f"Database {engine.url.render_as_string(hide_password=True)} is at revision {current_revision(engine)}.")
+
+
+def _print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: one sentence and a non-zero exit code for every error a user can cause."""
+    try:
+        result = cli.main(args=argv, prog_name="pareto", standalone_mode=False)
+    except click.exceptions.ClickException as exc:
+        err.print(f"Error: {exc.format_message()}", markup=False)
+        return 2
+    except click.exceptions.Abort:
+        err.print("Aborted.")
+        return 130
+    except ParetoError as exc:
+        err.print(f"Error: {exc}", markup=False)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        err.print("Interrupted; everything measured so far is stored.")
+        return 130
+    return result if isinstance(result, int) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""Tables, cards and the live progress of a search (rich)."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from pareto.units import format_bytes, format_ms
+
+if TYPE_CHECKING:
+    from pareto.frontier import Candidate
+    from pareto.search import TrialOutcome
+
+_VERDICT_STYLE = {"met": "green", "missed": "red", "uncertain": "yellow", None: "dim"}
+
+
+def _ratio(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}×"
+
+
+def frontier_table(front: list[Candidate] | list[dict[str, Any]], *, title: str = "Pareto frontier") -> Table:
+    """One row per frontier configuration, fastest first."""
+    rows = [c if isinstance(c, dict) else c.to_dict() for c in front]
+    table = Table(title=title, title_justify="left")
+    for name, justify in [
+        ("trial", "right"), ("configuration", "left"), ("accuracy", "right"), ("p50", "right"),
+        ("p99", "right"), ("p99 CI", "right"), ("n", "right"), ("params", "right"),
+        ("compression", "right"), ("speedup p99", "right"), ("SLO", "left"),
+    ]:
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for r in rows:
+        m, slo = r["metrics"], r.get("slo") or {}
+        verdict = slo.get("p99_verdict")
+        feasible = slo.get("feasible")
+        mark = "—" if feasible is None else ("meets" if feasible else "misses")
+        table.add_row(
+            str(r["trial"]),
+            _describe(r),
+            f"{m['accuracy']:.4f}",
+            format_ms(m["latency_p50_ms"]),
+            format_ms(m["latency_p99_ms"]),
+            f"[{format_ms(m.get('latency_p99_lower_ms'))}, {format_ms(m.get('latency_p99_upper_ms'))}]",
+            str(m["samples"]),
+            format_bytes(m["params_bytes"]),
+            _ratio(m.get("compression_ratio")),
+            _ratio(m.get("speedup_p99")),
+            Text(mark, style=_VERDICT_STYLE.get(verdict if feasible is not None else None, "dim")),
+        )
+    if rows:
+        conf = rows[0]["metrics"].get("confidence")
+        table.caption = (
+            f"p99 CI: distribution-free {conf:.0%} order-statistic interval; selection uses its upper bound. "
+            "Speedup is over the uncompressed model at the same batch size."
+        )
+    return table
+
+
+def best_card(pick: dict[str, Any]) -> Panel:
+    """The chosen configuration with the figures that justify it."""
+    m, slo, env = pick["metrics"], pick.get("slo") or {}, pick["environment"]
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    grid.add_row("study / trial", f"{pick['study']} / {pick['trial']}")
+    grid.add_row("configuration", _describe(pick))
+    grid.add_row("accuracy", _accuracy(m))
+    grid.add_row(
+        "latency p99",
+        f"{format_ms(m['latency_p99_ms'])}  ({m['confidence']:.0%} CI {format_ms(m.get('latency_p99_lower_ms'))}"
+        f" – {format_ms(m.get('latency_p99_upper_ms'))})",
+    )
+    grid.add_row("latency p50 / p90", f"{format_ms(m['latency_p50_ms'])} / {format_ms(m['latency_p90_ms'])}")
+    grid.add_row("p99 / p50", f"{m['p99_p50_ratio']:.2f}")
+    grid.add_row("throughput", f"{m['throughput_per_s']:,.0f} samples/s at batch {m['batch_size']}")
+    grid.add_row("parameters", f"{format_bytes(m['params_bytes'])} stored, {format_bytes(m['theoretical_bytes'])} ideal")
+    grid.add_row(
+        "compression / speedup",
+        f"{_ratio(m.get('compression_ratio'))} theoretical size,  {_ratio(m.get('speedup_p50'))} p50,  "
+        f"{_ratio(m.get('speedup_p99'))} p99",
+    )
+    grid.add_row("SLO", _slo_text(slo))
+    grid.add_row("method", m.get("method") or "—")
+    grid.add_row("environment", f"{env['device']} · {env['device_name']} · torch {env['torch_version']} · "
+                 f"{env['threads']} threads · {env['hostname']}")
+    return Panel(grid, title="Best configuration", title_align="left", border_style="green")
+
+
+def _describe(r: dict[str, Any]) -> str:
+    config = r.get("config") or {}
+    techniques = config.get("techniques")
+    if techniques is None:
+        return r.get("description", "")
+    parts = []
+    for t in techniques:
+        params = ",".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in t["params"].items())
+        parts.append(f"{t['name']}({params})" if params else t["name"])
+    return f"{' + '.join(parts) or 'baseline'} @ batch {config['batch_size']}"
+
+
+def _accuracy(m: dict[str, Any]) -> str:
+    delta = m.get("accuracy_delta")
+    return f"{m['accuracy']:.4f}" + ("" if delta is None else f"  ({delta:+.4f} vs baseline)")
+
+
+def _slo_text(slo: dict[str, Any]) -> str:
+    parts = []
+    if slo.get("p99_ms") is not None:
+        parts.append(f"P99 ≤ {format_ms(slo['p99_ms'])}: {slo.get('p99_verdict')}")
+    if slo.get("min_accuracy") is not None:
+        parts.append(f"accuracy ≥ {slo['min_accuracy']:g}")
+    if slo.get("max_memory_bytes") is not None:
+        parts.append(f"parameters ≤ {format_bytes(slo['max_memory_bytes'])}")
+    return "; ".join(parts) or "none"
+
+
+class ProgressReporter:
+    """Live progress of a search: trials done, best feasible so far, time left; one line per trial."""
+
+    def __init__(self, console: Console, *, enabled: bool = True) -> None:
+        self.console, self.enabled = console, enabled
+        self.progress = Progress(
+            SpinnerColumn(),
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("trials"),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[left]}"),
+            console=console,
+            disable=not enabled,
+            transient=True,
+        )
+        self.best_line = Text("best feasible so far: none yet", style="dim")
+        self.task_id: Any = None
+        self.started = time.monotonic()
+        self.timeout_s: float | None = None
+        self.done = 0
+        self.total = 0
+
+    def __enter__(self) -> ProgressReporter:
+        if self.enabled:
+            from rich.live import Live
+
+            self.live = Live(Group(self.progress, self.best_line), console=self.console, transient=True)
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.enabled:
+            self.live.__exit__(*exc)
+
+    def start(self, *, study: str, task: str, n_trials: int, timeout_s: float | None, stored: int) -> None:
+        self.total, self.timeout_s, self.started = n_trials, timeout_s, time.monotonic()
+        resumed = f", continuing after {stored} stored trials" if stored else ""
+        self._print(f"Study [bold]{study}[/] on task [bold]{task}[/]: {n_trials} trials{resumed}.")
+        self.task_id = self.progress.add_task(study, total=n_trials, left="")
+
+    def notice(self, message: str) -> None:
+        self._print(f"[yellow]{message}[/]")
+
+    def trial_done(self, outcome: TrialOutcome, best: Candidate | None) -> None:
+        self.done += 1
+        m = outcome.metrics
+        if outcome.state == "FAILED":
+            line = f"trial {outcome.number:>3}  [red]failed[/]  {outcome.description}: {outcome.error}"
+        else:
+            line = (
+                f"trial {outcome.number:>3}  {outcome.description:<58}  acc {m['accuracy']:.4f}  "
+                f"p50 {format_ms(m['latency_p50_ms'])}  p99 {format_ms(m['latency_p99_ms'])} "
+                f"(≤ {format_ms(m.get('latency_p99_upper_ms'))})"
+                + ("  [dim](duplicate, not re-measured)[/]" if outcome.state == "DUPLICATE" else "")
+            )
+        self._print(line)
+        if best is not None:
+            bm = best.metrics
+            self.best_line.plain = (
+                f"best feasible so far: trial {best.trial} {best.description}, accuracy {bm['accuracy']:.4f}, "
+                f"P99 ≤ {format_ms(bm['latency_p99_upper_ms'])}"
+            )
+            self.best_line.style = "green"
+        elapsed = time.monotonic() - self.started
+        left = elapsed / self.done * (self.total - self.done)
+        if self.timeout_s is not None:
+            left = min(left, max(self.timeout_s - elapsed, 0.0))
+        if self.task_id is not None:
+            self.progress.update(self.task_id, advance=1, left=f"~{_clock(left)} left")
+
+    def _print(self, message: str) -> None:
+        if self.enabled:
+            self.console.print(message)
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 60}:{seconds % 60:02d}"

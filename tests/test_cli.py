@@ -1,0 +1,121 @@
+"""The command line as a user meets it: exit codes, one-sentence errors, JSON shapes, no torch for queries."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = "tests.tiny_task:make_task"
+
+
+def pareto(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    full_env.pop("PARETO_DB_URL", None)
+    return subprocess.run(
+        [sys.executable, "-c", "import sys, cli; sys.exit(cli.main())", *args],
+        cwd=cwd, env=full_env, capture_output=True, text=True, timeout=300,
+    )
+
+
+def one_sentence(proc: subprocess.CompletedProcess[str]) -> str:
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder whose ./pareto.db holds a short search of the tiny task."""
+    cwd = tmp_path_factory.mktemp("cli")
+    proc = pareto("search", "--task", TINY, "--study", "tiny", "--slo-p99", "1s", "--n-trials", "3",
+                  "--threads", "1", "--warmup", "5", "--device", "cpu", cwd=cwd)
+    assert proc.returncode == 0, proc.stderr
+    assert "Pareto frontier" in proc.stdout and "Best configuration" in proc.stdout
+    return cwd
+
+
+def test_best_json_shape(searched: Path) -> None:
+    proc = pareto("best", "--slo-p99", "1s", "--json", cwd=searched)
+    assert proc.returncode == 0, proc.stderr
+    pick = json.loads(proc.stdout)
+    assert set(pick) == {"study", "trial", "config", "metrics", "slo", "environment"}
+    assert pick["metrics"]["latency_p99_upper_ms"] <= 1000
+
+
+def test_frontier_and_studies_json(searched: Path) -> None:
+    front = json.loads(pareto("frontier", "--json", cwd=searched).stdout)
+    assert isinstance(front, list) and front and "metrics" in front[0]
+    studies = json.loads(pareto("studies", "--json", cwd=searched).stdout)
+    assert studies[0]["study"] == "tiny" and studies[0]["complete"] >= 1
+
+
+def test_best_does_not_import_torch(searched: Path) -> None:
+    code = (
+        "import sys, cli\n"
+        "rc = cli.main(['best', '--slo-p99', '1s', '--json'])\n"
+        "assert 'torch' not in sys.modules and 'optuna' not in sys.modules, 'query imported torch/optuna'\n"
+        "sys.exit(rc)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=searched, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_no_feasible_exits_1_with_the_closest(searched: Path) -> None:
+    proc = pareto("best", "--slo-p99", "1ns", cwd=searched)
+    assert proc.returncode == 1
+    assert "closest is trial" in one_sentence(proc)
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "phrase"),
+    [
+        (["best", "--study", "nosuch"], 2, "No study named 'nosuch'"),
+        (["best", "--slo-p99", "7parsecs"], 2, "Unknown time unit"),
+        (["best", "--slo-p99", "-3ms"], 2, "must be positive"),
+        (["best", "--slo-p99", "7"], 2, "has no unit"),
+        (["frontier", "--db", "sqlite:///nowhere/x.db"], 1, "No database"),
+    ],
+)
+def test_bad_query_input(searched: Path, args: list[str], code: int, phrase: str) -> None:
+    proc = pareto(*args, cwd=searched)
+    assert proc.returncode == code
+    assert phrase in one_sentence(proc)
+
+
+@pytest.mark.parametrize(
+    ("args", "yaml_text", "code", "phrase"),
+    [
+        (["--slo-p99", "7parsecs"], None, 2, "Unknown time unit"),
+        (["--task", "nosuch"], None, 2, "Unknown task 'nosuch'"),
+        (["--task", "tests.tiny_task:make_broken_task"], None, 2, "weights file missing"),
+        ([], "space: {techniques: {magic: {}}}", 2, "unknown technique 'magic'"),
+        ([], "slo: {p99: [", 2, "malformed YAML"),
+        (["--db", "sqlite:////proc/nope/p.db"], None, 1, "Cannot create database"),
+    ],
+)
+def test_bad_search_input_keeps_what_was_stored(
+    searched: Path, args: list[str], yaml_text: str | None, code: int, phrase: str
+) -> None:
+    before = (searched / "pareto.db").stat().st_size
+    if yaml_text is not None:
+        (searched / "bad.yaml").write_text(yaml_text)
+        args = [*args, "--config", "bad.yaml"]
+    proc = pareto("search", *args, cwd=searched)
+    assert proc.returncode == code, proc.stderr
+    assert phrase in one_sentence(proc)
+    assert (searched / "pareto.db").stat().st_size >= before
+    assert pareto("best", "--slo-p99", "1s", cwd=searched).returncode == 0
+
+
+def test_db_upgrade(tmp_path: Path) -> None:
+    proc = pareto("db", "upgrade", "--db", f"sqlite:///{tmp_path}/u.db", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "revision 0001" in proc.stdout

@@ -1,0 +1,71 @@
+"""Small tasks for tests: real training on synthetic data with signal, in well under a second."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from pareto import Task
+
+
+def _data(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    teacher = torch.randn(16, 4, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(n, 16, generator=g)
+    return x, (x @ teacher).argmax(dim=1)
+
+
+def _trained(model: nn.Module) -> nn.Module:
+    torch.manual_seed(0)
+    x, y = _data(512, seed=1)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny tensors: thread wake-ups would cost more than the math
+    try:
+        for _ in range(60):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+    finally:
+        torch.set_num_threads(threads)
+    return model.eval()
+
+
+def _task(name: str, model: nn.Module) -> Task:
+    x_test, y_test = _data(256, seed=2)
+
+    def evaluate(m: nn.Module) -> float:
+        with torch.inference_mode():
+            return float((m(x_test).argmax(dim=1) == y_test).float().mean())
+
+    return Task(
+        name=name,
+        model=_trained(model),
+        example_input=lambda batch_size: x_test[:batch_size].clone(),
+        evaluate=evaluate,
+        batch_size=8,
+    )
+
+
+def make_task() -> Task:
+    """An MLP every built-in technique can act on."""
+    torch.manual_seed(0)
+    return _task("tiny", nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4)))
+
+
+def make_single_layer_task() -> Task:
+    """One Linear layer: structured pruning has no hidden units to remove, so it fails on this model."""
+    torch.manual_seed(0)
+    return _task("single", nn.Sequential(nn.Linear(16, 4)))
+
+
+def make_broken_task() -> Task:
+    """A factory that raises, as user code sometimes does."""
+    raise RuntimeError("weights file missing")
+
+
+def make_mismatched_task() -> Task:
+    """example_input that does not fit the model."""
+    task = make_task()
+    task.example_input = lambda batch_size: torch.randn(batch_size, 3)
+    return task
