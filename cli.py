@@ -13,7 +13,8 @@ from rich.table import Table
 from pareto.errors import ParetoError, UsageError
 from pareto.units import format_bytes, format_ms, parse_duration_ms, parse_size_bytes
 
-out = Console(highlight=False, soft_wrap=True)
+# piped or captured output gets full-width tables instead of rich's 80-column default
+out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
@@ -110,7 +111,7 @@ def search(config_path: str | None, db: str | None, as_json: bool, **flags: Any)
 
     if result.interrupted:
         err.print(f"Interrupted: {result.trials_run} trials of this run are stored; run again to continue.")
-    out.print(frontier_table(result.frontier, title=f"Pareto frontier of study {result.study!r}"))
+    out.print(frontier_table(result.frontier))
     if result.best is not None:
         out.print(best_card(result.best.to_dict()))
     else:

@@ -17,9 +17,6 @@ if TYPE_CHECKING:
     from pareto.frontier import Candidate
     from pareto.search import TrialOutcome
 
-_VERDICT_STYLE = {"met": "green", "missed": "red", "uncertain": "yellow", None: "dim"}
-
-
 def _ratio(value: float | None) -> str:
     return "—" if value is None else f"{value:.2f}×"
 
@@ -27,36 +24,37 @@ def _ratio(value: float | None) -> str:
 def frontier_table(front: list[Candidate] | list[dict[str, Any]], *, title: str = "Pareto frontier") -> Table:
     """One row per frontier configuration, fastest first."""
     rows = [c if isinstance(c, dict) else c.to_dict() for c in front]
+    if rows and title == "Pareto frontier":
+        title = f"Pareto frontier of study {rows[0]['study']!r}"
     table = Table(title=title, title_justify="left")
     for name, justify in [
-        ("trial", "right"), ("configuration", "left"), ("accuracy", "right"), ("p50", "right"),
-        ("p99", "right"), ("p99 CI", "right"), ("n", "right"), ("params", "right"),
+        ("trial", "right"), ("configuration", "left"), ("batch", "right"), ("accuracy", "right"),
+        ("p50", "right"), ("p99", "right"), ("p99 ≤", "right"), ("params", "right"),
         ("compression", "right"), ("speedup p99", "right"), ("SLO", "left"),
     ]:
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     for r in rows:
         m, slo = r["metrics"], r.get("slo") or {}
-        verdict = slo.get("p99_verdict")
         feasible = slo.get("feasible")
-        mark = "—" if feasible is None else ("meets" if feasible else "misses")
+        mark, style = {True: ("meets", "green"), False: ("misses", "red"), None: ("—", "dim")}[feasible]
         table.add_row(
             str(r["trial"]),
-            _describe(r),
+            _describe(r, with_batch=False),
+            str(m["batch_size"]),
             f"{m['accuracy']:.4f}",
             format_ms(m["latency_p50_ms"]),
             format_ms(m["latency_p99_ms"]),
-            f"[{format_ms(m.get('latency_p99_lower_ms'))}, {format_ms(m.get('latency_p99_upper_ms'))}]",
-            str(m["samples"]),
+            format_ms(m.get("latency_p99_upper_ms")),
             format_bytes(m["params_bytes"]),
             _ratio(m.get("compression_ratio")),
             _ratio(m.get("speedup_p99")),
-            Text(mark, style=_VERDICT_STYLE.get(verdict if feasible is not None else None, "dim")),
+            Text(mark, style=style),
         )
     if rows:
-        conf = rows[0]["metrics"].get("confidence")
+        m = rows[0]["metrics"]
         table.caption = (
-            f"p99 CI: distribution-free {conf:.0%} order-statistic interval; selection uses its upper bound. "
-            "Speedup is over the uncompressed model at the same batch size."
+            f"p99 ≤: upper end of a distribution-free {m['confidence']:.0%} interval from {m['samples']} timed calls; "
+            "the SLO verdict uses it. Speedup: over the uncompressed model at the same batch size."
         )
     return table
 
@@ -88,10 +86,10 @@ def best_card(pick: dict[str, Any]) -> Panel:
     grid.add_row("method", m.get("method") or "—")
     grid.add_row("environment", f"{env['device']} · {env['device_name']} · torch {env['torch_version']} · "
                  f"{env['threads']} threads · {env['hostname']}")
-    return Panel(grid, title="Best configuration", title_align="left", border_style="green")
+    return Panel(grid, title="Best configuration", title_align="left", border_style="green", expand=False)
 
 
-def _describe(r: dict[str, Any]) -> str:
+def _describe(r: dict[str, Any], *, with_batch: bool = True) -> str:
     config = r.get("config") or {}
     techniques = config.get("techniques")
     if techniques is None:
@@ -100,7 +98,8 @@ def _describe(r: dict[str, Any]) -> str:
     for t in techniques:
         params = ",".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in t["params"].items())
         parts.append(f"{t['name']}({params})" if params else t["name"])
-    return f"{' + '.join(parts) or 'baseline'} @ batch {config['batch_size']}"
+    body = " + ".join(parts) or "baseline"
+    return f"{body} @ batch {config['batch_size']}" if with_batch else body
 
 
 def _accuracy(m: dict[str, Any]) -> str:

@@ -86,4 +86,4 @@ def get_technique(name: str, params: dict[str, Any] | None = None) -> Technique:
 
 
 def _fmt(value: Any) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
