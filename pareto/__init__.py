@@ -6,10 +6,10 @@ torch; ``search`` runs the measurements (and imports torch and Optuna when calle
 
 from __future__ import annotations
 
-from pareto.task import Task
+from pareto.task import AttentionShape, Task
 
 # imported after the submodules they share names with, so `pareto.frontier` is the function
 from pareto.api import best, frontier, search, studies  # noqa: E402  isort: skip
 
-__all__ = ["Task", "best", "frontier", "search", "studies"]
+__all__ = ["AttentionShape", "Task", "best", "frontier", "search", "studies"]
 __version__ = "0.1.0"

@@ -31,6 +31,23 @@ BUILTIN_TASKS: dict[str, str] = {
 }
 
 
+@dataclass(frozen=True)
+class AttentionShape:
+    """What a transformer task holds per token at inference, for the KV-cache term of memory.
+
+    Args:
+        layers: Attention layers that keep keys and values.
+        width: Model width (heads × head dimension) of the keys and of the values.
+        sequence: Tokens of context kept in the cache.
+        heads: Attention heads per layer (for head pruning and reports).
+    """
+
+    layers: int
+    width: int
+    sequence: int
+    heads: int | None = None
+
+
 @dataclass
 class Task:
     """A model, a way to make its inputs, and a way to score it.
@@ -42,6 +59,7 @@ class Task:
         evaluate: ``model -> float``, higher is better (accuracy, F1, fidelity...).
         train_data: Optional iterable of ``(inputs, targets)`` for distillation or recovery fine-tuning.
         batch_size: The batch size the task is served at when the search space does not say.
+        attention: For transformer tasks, the shape behind the KV cache; None otherwise.
     """
 
     name: str
@@ -50,6 +68,7 @@ class Task:
     evaluate: Callable[[nn.Module], float]
     train_data: Iterable[Any] | None = None
     batch_size: int = 1
+    attention: AttentionShape | None = None
 
 
 def load_task(ref: str) -> Task:
