@@ -118,4 +118,4 @@ def test_bad_search_input_keeps_what_was_stored(
 def test_db_upgrade(tmp_path: Path) -> None:
     proc = pareto("db", "upgrade", "--db", f"sqlite:///{tmp_path}/u.db", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert "revision 0001" in proc.stdout
+    assert "is at revision 0002" in proc.stdout

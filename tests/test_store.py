@@ -37,20 +37,39 @@ def test_upgrade_from_empty_creates_tables(db_url: str) -> None:
 
 
 def test_every_migration_upward_keeps_data(db_url: str) -> None:
-    """Walk the history one revision at a time from the first, with data stored from the first on."""
+    """Walk the history one revision at a time from the first, with a measured trial stored from the first on."""
     engine = open_engine(db_url)
     revisions = _revisions(engine)
+    assert revisions[0] == "0001" and len(revisions) >= 2
     upgrade(engine, revisions[0])
+    now = "CURRENT_TIMESTAMP"
     with engine.begin() as conn:
         conn.execute(text(
-            "INSERT INTO pareto_studies (name, task, spec, created_at, updated_at) "
-            "VALUES ('kept', 'demo', '{}', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"
+            "INSERT INTO pareto_environments (id, key, device, device_name, torch_version, cpu_model, threads, "
+            f"hostname, details, created_at) VALUES (1, 'k', 'cpu', 'x', '2.4', 'x', 2, 'h', '{{}}', {now})"
+        ))
+        conn.execute(text(
+            "INSERT INTO pareto_studies (id, name, task, spec, created_at, updated_at) "
+            f"VALUES (1, 'kept', 'demo', '{{}}', {now}, {now})"
+        ))
+        conn.execute(text(
+            "INSERT INTO pareto_trials (id, study_id, optuna_number, state, config, config_key, description, "
+            "is_baseline, batch_size, environment_id, started_at) VALUES "
+            f"(1, 1, 0, 'COMPLETE', '{{}}', 'c', 'baseline @ batch 1', TRUE, 1, 1, {now})"
+        ))
+        conn.execute(text(
+            "INSERT INTO pareto_measurements (trial_id, environment_id, accuracy, batch_size, latency_mean_ms, "
+            "latency_p50_ms, latency_p90_ms, latency_p99_ms, latency_p999_ms, p99_p50_ratio, samples, warmup, "
+            "confidence, method, throughput_per_s, params_bytes, theoretical_bytes, compression_ratio, created_at) "
+            f"VALUES (1, 1, 0.9, 1, 1.0, 1.0, 1.5, 2.0, 3.0, 2.0, 662, 50, 0.95, 'm', 1000, 10, 10, 1.0, {now})"
         ))
     for revision in revisions[1:]:
         upgrade(engine, revision)
-    upgrade(engine)
+        assert current_revision(engine) == revision
     with session_scope(engine) as session:
         assert session.scalars(select(Study.name)).all() == ["kept"]
+        m = session.scalars(select(Measurement)).one()
+        assert m.latency_p99_ms == 2.0 and m.trial.description == "baseline @ batch 1"
 
 
 def test_our_history_and_optunas_share_one_database(db_url: str) -> None:

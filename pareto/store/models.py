@@ -70,6 +70,7 @@ class Trial(Base):
     error: Mapped[str | None] = mapped_column(Text)
     # seconds spent in each phase; "everything else" (sampler, database) is the trial's wall time minus these
     compress_s: Mapped[float | None] = mapped_column(Float)
+    compile_s: Mapped[float | None] = mapped_column(Float)  # torch.compile's first call, never latency
     latency_s: Mapped[float | None] = mapped_column(Float)
     accuracy_s: Mapped[float | None] = mapped_column(Float)
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
@@ -108,7 +109,36 @@ class Measurement(Base):
     params_bytes: Mapped[int] = mapped_column(BigInteger)
     theoretical_bytes: Mapped[int] = mapped_column(BigInteger)
     compression_ratio: Mapped[float] = mapped_column(Float)
+    # the four axes beyond latency (revision 0002); None on rows measured before it
+    activation_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    kv_cache_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    memory_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    flops: Mapped[int | None] = mapped_column(BigInteger)
+    bytes_moved: Mapped[int | None] = mapped_column(BigInteger)
+    arithmetic_intensity: Mapped[float | None] = mapped_column(Float)
+    hardware_profile: Mapped[str | None] = mapped_column(String(128))
+    roofline_bound_ms: Mapped[float | None] = mapped_column(Float)
+    regime: Mapped[str | None] = mapped_column(String(16))
+    achieved_fraction: Mapped[float | None] = mapped_column(Float)
+    throughput_curve: Mapped[list[Any] | None] = mapped_column(JSON)
+    saturation_batch: Mapped[int | None] = mapped_column(Integer)
+    max_batch_within_slo: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
     trial: Mapped[Trial] = relationship(back_populates="measurement")
+    environment: Mapped[Environment] = relationship()
+
+
+class HardwareCalibration(Base):
+    """The host's own ceilings, measured by ``pareto calibrate`` (peak FLOP/s per dtype, bandwidth)."""
+
+    __tablename__ = "pareto_calibrations"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    environment_id: Mapped[int] = mapped_column(ForeignKey("pareto_environments.id"), index=True)
+    peak_flops: Mapped[dict[str, Any]] = mapped_column(JSON)
+    memory_bandwidth_bytes_per_s: Mapped[float] = mapped_column(Float)
+    method: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
     environment: Mapped[Environment] = relationship()
