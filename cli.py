@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pareto.errors import ParetoError, UsageError
-from pareto.units import format_bytes, format_ms, parse_duration_ms, parse_size_bytes
+from pareto.units import format_bytes, format_ms, parse_duration_ms, parse_rate_per_s, parse_size_bytes
 
 # piped or captured output gets full-width tables instead of rich's 80-column default
 out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
@@ -34,6 +34,7 @@ class _Checked(click.ParamType):
 
 DURATION = _Checked("duration", parse_duration_ms)
 SIZE = _Checked("size", parse_size_bytes)
+RATE = _Checked("rate", parse_rate_per_s)
 
 db_option = click.option(
     "--db", envvar="PARETO_DB_URL", help="Database URL [env PARETO_DB_URL; default sqlite:///pareto.db]."
@@ -43,7 +44,7 @@ study_option = click.option("--study", help="Study name (default: the only study
 
 
 def slo_options(func: Any) -> Any:
-    func = click.option("--max-memory", type=SIZE, help="Parameter memory budget, e.g. 512MiB, 2GB.")(func)
+    func = click.option("--max-memory", type=SIZE, help="Memory budget (params + activations + KV), e.g. 2GB.")(func)
     func = click.option("--min-accuracy", type=float, help="Accuracy floor (the task's metric).")(func)
     func = click.option("--slo-p99", type=DURATION, help="P99 latency bound, e.g. 7ms, 500us.")(func)
     return func
@@ -60,6 +61,11 @@ def cli() -> None:
 @click.option("--task", help="Built-in task name (demo) or package.module:factory.")
 @study_option
 @slo_options
+@click.option("--min-throughput", type=RATE, help="Throughput floor, e.g. 500/s.")
+@click.option("--objective", "objectives", help="Comma-separated: accuracy,p99,p50,memory,throughput,bytes_moved,flops.")
+@click.option("--scenario", type=click.Choice(["mobile", "serving", "realtime", "edge"]),
+              help="Preset objectives and batch sizes for a deployment case.")
+@click.option("--hardware", help="Roofline profile (see `pareto hardware`), host, auto or none.")
 @click.option("--n-trials", type=click.IntRange(min=1), help="Trials to run now [default 30].")
 @click.option("--timeout", type=DURATION, help="Stop starting trials after this long, e.g. 10min.")
 @click.option("--seed", type=int, help="Sampler seed [default 0].")
@@ -70,7 +76,7 @@ def cli() -> None:
 @click.option("--warmup", type=click.IntRange(min=0), help="Untimed warm-up calls [default 50].")
 @db_option
 @json_option
-def search(config_path: str | None, db: str | None, as_json: bool, **flags: Any) -> None:
+def search(config_path: str | None, db: str | None, as_json: bool, **flags: Any) -> int:
     """Search compression configurations, measuring every trial; re-running continues the study."""
     from pareto.api import search as run
     from pareto.spec import load_spec
@@ -80,6 +86,10 @@ def search(config_path: str | None, db: str | None, as_json: bool, **flags: Any)
         "study": flags["study"],
         "slo.p99": flags["slo_p99"],
         "slo.min_accuracy": flags["min_accuracy"],
+        "slo.min_throughput": flags["min_throughput"],
+        "scenario": flags["scenario"],
+        "objectives": flags["objectives"].split(",") if flags["objectives"] else None,
+        "measure.hardware": flags["hardware"],
         "budget.max_memory": flags["max_memory"],
         "search.n_trials": flags["n_trials"],
         "search.timeout": flags["timeout"],
@@ -100,22 +110,27 @@ def search(config_path: str | None, db: str | None, as_json: bool, **flags: Any)
             {
                 "study": result.study,
                 "trials_run": result.trials_run,
+                "measured": result.measured,
                 "interrupted": result.interrupted,
                 "frontier": [c.to_dict() for c in result.frontier],
                 "best": result.best.to_dict() if result.best else None,
                 "no_best_reason": result.no_best_reason,
             }
         )
-        return
+        return 130 if result.interrupted else 0
     from pareto.report import best_card, frontier_table
 
     if result.interrupted:
-        err.print(f"Interrupted: {result.trials_run} trials of this run are stored; run again to continue.")
-    out.print(frontier_table(result.frontier))
+        err.print(
+            f"Interrupted: {_count(result.measured, 'trial')} measured in this run, all stored. "
+            "Run the same command to continue the study."
+        )
+    out.print(frontier_table(result.frontier, width=out.width))
     if result.best is not None:
         out.print(best_card(result.best.to_dict()))
     else:
         out.print(f"[bold red]{result.no_best_reason}[/]")
+    return 130 if result.interrupted else 0
 
 
 @cli.command()
@@ -153,7 +168,7 @@ def frontier(study: str | None, slo_p99: str | None, min_accuracy: float | None,
         return
     from pareto.report import frontier_table
 
-    out.print(frontier_table(front))
+    out.print(frontier_table(front, width=out.width))
 
 
 @cli.command()
@@ -168,13 +183,15 @@ def studies(db: str | None, as_json: bool) -> None:
         _print_json(rows)
         return
     table = Table(title="Studies")
-    for column in ("study", "task", "complete", "failed", "P99 SLO", "environments", "updated"):
+    for column in ("study", "task", "scenario", "objectives", "complete", "failed", "duplicate", "P99 SLO",
+                   "environments", "updated"):
         table.add_column(column)
     for r in rows:
         p99 = r["slo"].get("p99")
         table.add_row(
-            r["study"], r["task"], str(r["complete"]), str(r["failed"]),
-            format_ms(p99) if p99 else "—", str(r["environments"]), r["updated_at"][:19].replace("T", " "),
+            r["study"], r["task"], r["scenario"] or "—", ",".join(r["objectives"]), str(r["complete"]),
+            str(r["failed"]), str(r["duplicate"]), format_ms(p99) if p99 else "—", str(r["environments"]),
+            r["updated_at"][:19].replace("T", " "),
         )
     out.print(table)
 
@@ -193,6 +210,10 @@ def db_upgrade(db: str | None) -> None:
     engine = open_engine(resolve_url(db))
     upgrade(engine)
     out.print(f"Database {engine.url.render_as_string(hide_password=True)} is at revision {current_revision(engine)}.")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def _print_json(data: Any) -> None:

@@ -9,9 +9,11 @@ Example::
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pareto.frontier import Candidate, Constraints, frontier as _frontier, select_best
+from pareto.frontier import Candidate, Constraints, objective_metrics, select_best
+from pareto.frontier import frontier as _frontier
 from pareto.measure.stats import MIN_SAMPLES_P99
 from pareto.store import queries
 from pareto.store.engine import open_engine, require_schema, resolve_url, session_scope
@@ -44,8 +46,8 @@ def best(
         NoFeasibleConfiguration: nothing stored meets the SLOs (the message names the closest).
         UsageError: unknown study or malformed SLO.
     """
-    candidates, constraints, name = _load(study, slo_p99, min_accuracy, max_memory, db)
-    return select_best(candidates, constraints, study=name).to_dict()
+    loaded = _load(study, slo_p99, min_accuracy, max_memory, db)
+    return select_best(loaded.candidates, loaded.constraints, study=loaded.name).to_dict()
 
 
 def frontier(
@@ -59,10 +61,10 @@ def frontier(
     """The Pareto frontier (accuracy up, P99 upper bound down), fastest first, each with its SLO verdict."""
     from pareto.frontier import evaluate
 
-    candidates, constraints, _ = _load(study, slo_p99, min_accuracy, max_memory, db)
-    front = _frontier(candidates)
+    loaded = _load(study, slo_p99, min_accuracy, max_memory, db)
+    front = _frontier(loaded.candidates, objective_metrics(loaded.objectives))
     for c in front:
-        evaluate(c, constraints)
+        evaluate(c, loaded.constraints)
     return [c.to_dict() for c in front]
 
 
@@ -82,13 +84,21 @@ def search(spec: SearchSpec | None = None, *, db: str | None = None, reporter: R
     return run_search(spec or _Spec(), db_url=resolve_url(db), reporter=reporter)
 
 
+@dataclass
+class _Loaded:
+    candidates: list[Candidate]
+    constraints: Constraints
+    name: str
+    objectives: list[str]
+
+
 def _load(
     study: str | None,
     slo_p99: str | float | None,
     min_accuracy: float | None,
     max_memory: str | int | None,
     db: str | None,
-) -> tuple[list[Candidate], Constraints, str]:
+) -> _Loaded:
     p99_ms = _duration(slo_p99)
     memory = parse_size_bytes(max_memory) if isinstance(max_memory, str) else max_memory
     engine = open_engine(resolve_url(db), create=False)
@@ -101,9 +111,15 @@ def _load(
             p99_ms=p99_ms if p99_ms is not None else stored_slo.get("p99"),
             min_accuracy=min_accuracy if min_accuracy is not None else stored_slo.get("min_accuracy"),
             max_memory_bytes=memory if memory is not None else stored_budget.get("max_memory"),
+            min_throughput_per_s=stored_slo.get("min_throughput"),
             min_samples=MIN_SAMPLES_P99,
         )
-        return queries.candidates(session, row), constraints, row.name
+        return _Loaded(
+            candidates=queries.candidates(session, row),
+            constraints=constraints,
+            name=row.name,
+            objectives=row.spec.get("objectives", ["accuracy", "p99"]),
+        )
 
 
 def _duration(value: str | float | None) -> float | None:

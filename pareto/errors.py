@@ -27,5 +27,11 @@ class StoreError(ParetoError):
     """The database cannot be opened, written or migrated."""
 
 
+class DatabasePathError(StoreError, UsageError):
+    """A --db that points nowhere usable: a missing file for a query, a folder that does not exist."""
+
+    exit_code = 2
+
+
 class NoFeasibleConfiguration(ParetoError):
     """No stored configuration meets the SLOs."""

@@ -11,8 +11,23 @@ from pareto.errors import NoFeasibleConfiguration
 from pareto.measure.stats import MIN_SAMPLES_P99, Verdict, slo_verdict
 from pareto.units import format_bytes, format_ms
 
-#: Objectives of the frontier: (metric, maximize?). The latency objective is the conservative bound.
-DEFAULT_OBJECTIVES: tuple[tuple[str, bool], ...] = (("accuracy", True), ("latency_p99_upper_ms", False))
+#: Objective names a study may use: the stored metric behind each, and whether more is better.
+#: The latency objectives use the conservative bound; "memory" is params + activations + KV cache.
+OBJECTIVES: dict[str, tuple[str, bool]] = {
+    "accuracy": ("accuracy", True),
+    "p99": ("latency_p99_upper_ms", False),
+    "p50": ("latency_p50_ms", False),
+    "memory": ("memory_bytes", False),
+    "throughput": ("throughput_per_s", True),
+    "bytes_moved": ("bytes_moved", False),
+    "flops": ("flops", False),
+}
+DEFAULT_OBJECTIVES: tuple[tuple[str, bool], ...] = (OBJECTIVES["accuracy"], OBJECTIVES["p99"])
+
+
+def objective_metrics(names: list[str] | tuple[str, ...]) -> tuple[tuple[str, bool], ...]:
+    """(metric, maximize?) for objective names such as ``["accuracy", "p99", "memory"]``."""
+    return tuple(OBJECTIVES[name] for name in names)
 
 
 @dataclass(frozen=True)
@@ -22,6 +37,7 @@ class Constraints:
     p99_ms: float | None = None
     min_accuracy: float | None = None
     max_memory_bytes: int | None = None
+    min_throughput_per_s: float | None = None
     min_samples: int = MIN_SAMPLES_P99
 
     def to_dict(self) -> dict[str, Any]:
@@ -29,6 +45,7 @@ class Constraints:
             "p99_ms": self.p99_ms,
             "min_accuracy": self.min_accuracy,
             "max_memory_bytes": self.max_memory_bytes,
+            "min_throughput_per_s": self.min_throughput_per_s,
         }
 
     def describe(self) -> str:
@@ -38,7 +55,9 @@ class Constraints:
         if self.min_accuracy is not None:
             parts.append(f"accuracy ≥ {self.min_accuracy:g}")
         if self.max_memory_bytes is not None:
-            parts.append(f"parameters ≤ {format_bytes(self.max_memory_bytes)}")
+            parts.append(f"memory ≤ {format_bytes(self.max_memory_bytes)}")
+        if self.min_throughput_per_s is not None:
+            parts.append(f"throughput ≥ {self.min_throughput_per_s:,.0f}/s")
         return " and ".join(parts) or "no SLO"
 
 
@@ -93,7 +112,7 @@ def frontier(
     usable = [c for c in candidates if all(_finite(c.metrics.get(name)) for name, _ in objectives)]
     points = [[float(c.metrics[name]) for name, _ in objectives] for c in usable]
     front = [usable[i] for i in non_dominated(points, [m for _, m in objectives])]
-    return sorted(front, key=lambda c: (c.metrics["latency_p99_upper_ms"], -c.metrics["accuracy"], c.trial))
+    return sorted(front, key=lambda c: (_p99_key(c), -c.metrics["accuracy"], c.trial))
 
 
 def p99_verdict(metrics: dict[str, Any], slo_ms: float, min_samples: int = MIN_SAMPLES_P99) -> Verdict:
@@ -123,9 +142,11 @@ def evaluate(candidate: Candidate, constraints: Constraints) -> tuple[bool, list
                 distance += 1.0
             elif upper > constraints.p99_ms:
                 over = upper - constraints.p99_ms
+                ratio = upper / constraints.p99_ms
+                how_far = f"{ratio:.0f}× the SLO" if ratio >= 10 else f"{over / constraints.p99_ms:.0%} over"
                 violations.append(
-                    f"its P99 upper bound is {format_ms(upper)}, {format_ms(over)} "
-                    f"({over / constraints.p99_ms:.0%}) over {format_ms(constraints.p99_ms)}"
+                    f"its P99 upper bound is {format_ms(upper)}, {format_ms(over)} ({how_far}) "
+                    f"above {format_ms(constraints.p99_ms)}"
                 )
                 distance += over / constraints.p99_ms
             else:
@@ -138,13 +159,19 @@ def evaluate(candidate: Candidate, constraints: Constraints) -> tuple[bool, list
         short = constraints.min_accuracy - m["accuracy"]
         violations.append(f"its accuracy {m['accuracy']:.4g} is {short:.3g} below {constraints.min_accuracy:g}")
         distance += short / max(abs(constraints.min_accuracy), 1e-12)
-    if constraints.max_memory_bytes is not None and m["params_bytes"] > constraints.max_memory_bytes:
-        over_b = m["params_bytes"] - constraints.max_memory_bytes
-        violations.append(
-            f"its parameters take {format_bytes(m['params_bytes'])}, {format_bytes(over_b)} over the budget"
-        )
+    memory = memory_bytes(m)
+    if constraints.max_memory_bytes is not None and memory > constraints.max_memory_bytes:
+        over_b = memory - constraints.max_memory_bytes
+        violations.append(f"its memory is {format_bytes(memory)}, {format_bytes(over_b)} over the budget")
         distance += over_b / constraints.max_memory_bytes
-    candidate.slo = {**constraints.to_dict(), "p99_verdict": verdict, "feasible": not violations}
+    floor = constraints.min_throughput_per_s
+    if floor is not None and m["throughput_per_s"] < floor:
+        short_t = floor - m["throughput_per_s"]
+        violations.append(f"its throughput is {m['throughput_per_s']:,.0f}/s, {short_t:,.0f}/s below {floor:,.0f}/s")
+        distance += short_t / floor
+    constrained = any(v is not None for v in constraints.to_dict().values())
+    # with no SLO at all there is nothing to meet: the verdict is absent, not "meets"
+    candidate.slo = {**constraints.to_dict(), "p99_verdict": verdict, "feasible": (not violations) if constrained else None}
     return not violations, violations, distance
 
 
@@ -159,12 +186,23 @@ def select_best(candidates: Sequence[Candidate], constraints: Constraints, *, st
     judged = [(c, *evaluate(c, constraints)) for c in candidates]
     feasible = [c for c, ok, _, _ in judged if ok]
     if feasible:
-        return min(feasible, key=lambda c: (-c.metrics["accuracy"], c.metrics["latency_p99_upper_ms"], c.trial))
+        return min(feasible, key=lambda c: (-c.metrics["accuracy"], _p99_key(c), c.trial))
     closest, _, violations, _ = min(judged, key=lambda j: (j[3], j[0].trial))
     raise NoFeasibleConfiguration(
         f"No stored configuration of study {study!r} meets {constraints.describe()}; the closest is "
         f"trial {closest.trial} ({closest.description}): {'; '.join(violations)}."
     )
+
+
+def _p99_key(c: Candidate) -> float:
+    upper = c.metrics.get("latency_p99_upper_ms")
+    return upper if upper is not None else math.inf
+
+
+def memory_bytes(metrics: dict[str, Any]) -> int:
+    """Total inference memory; trials stored before the activation/KV terms existed count parameters only."""
+    total = metrics.get("memory_bytes")
+    return int(total) if total is not None else int(metrics["params_bytes"])
 
 
 def _finite(value: Any) -> bool:

@@ -21,35 +21,44 @@ def _ratio(value: float | None) -> str:
     return "—" if value is None else f"{value:.2f}×"
 
 
-def frontier_table(front: list[Candidate] | list[dict[str, Any]], *, title: str = "Pareto frontier") -> Table:
-    """One row per frontier configuration, fastest first."""
+#: Frontier columns, most important first; a narrow terminal shows as many as fit, in this order.
+_COLUMNS: list[tuple[str, str, int]] = [  # (name, justify, priority: lower shows first)
+    ("trial", "right", 0), ("configuration", "left", 0), ("batch", "right", 3), ("accuracy", "right", 0),
+    ("p50", "right", 2), ("p99", "right", 2), ("p99 ≤", "right", 0), ("params", "right", 3),
+    ("compression", "right", 1), ("speedup p99", "right", 1), ("SLO", "left", 0),
+]
+
+
+def frontier_table(
+    front: list[Candidate] | list[dict[str, Any]], *, title: str = "Pareto frontier", width: int | None = None
+) -> Table:
+    """One row per frontier configuration, fastest first; ``width`` drops lesser columns to fit."""
     rows = [c if isinstance(c, dict) else c.to_dict() for c in front]
     if rows and title == "Pareto frontier":
         title = f"Pareto frontier of study {rows[0]['study']!r}"
+    max_priority = 3 if width is None or width >= 140 else 1 if width >= 100 else 0
+    shown = [(name, justify) for name, justify, priority in _COLUMNS if priority <= max_priority]
     table = Table(title=title, title_justify="left")
-    for name, justify in [
-        ("trial", "right"), ("configuration", "left"), ("batch", "right"), ("accuracy", "right"),
-        ("p50", "right"), ("p99", "right"), ("p99 ≤", "right"), ("params", "right"),
-        ("compression", "right"), ("speedup p99", "right"), ("SLO", "left"),
-    ]:
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for name, justify in shown:
+        table.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
     for r in rows:
         m, slo = r["metrics"], r.get("slo") or {}
         feasible = slo.get("feasible")
         mark, style = {True: ("meets", "green"), False: ("misses", "red"), None: ("—", "dim")}[feasible]
-        table.add_row(
-            str(r["trial"]),
-            _describe(r, with_batch=False),
-            str(m["batch_size"]),
-            f"{m['accuracy']:.4f}",
-            format_ms(m["latency_p50_ms"]),
-            format_ms(m["latency_p99_ms"]),
-            format_ms(m.get("latency_p99_upper_ms")),
-            format_bytes(m["params_bytes"]),
-            _ratio(m.get("compression_ratio")),
-            _ratio(m.get("speedup_p99")),
-            Text(mark, style=style),
-        )
+        cells = {
+            "trial": str(r["trial"]),
+            "configuration": _describe(r, with_batch=max_priority < 3),
+            "batch": str(m["batch_size"]),
+            "accuracy": f"{m['accuracy']:.4f}",
+            "p50": format_ms(m["latency_p50_ms"]),
+            "p99": format_ms(m["latency_p99_ms"]),
+            "p99 ≤": format_ms(m.get("latency_p99_upper_ms")),
+            "params": format_bytes(m["params_bytes"]),
+            "compression": _ratio(m.get("compression_ratio")),
+            "speedup p99": _ratio(m.get("speedup_p99")),
+            "SLO": Text(mark, style=style),
+        }
+        table.add_row(*(cells[name] for name, _ in shown))
     if rows:
         m = rows[0]["metrics"]
         table.caption = (
@@ -68,6 +77,10 @@ def best_card(pick: dict[str, Any]) -> Panel:
     grid.add_row("study / trial", f"{pick['study']} / {pick['trial']}")
     grid.add_row("configuration", _describe(pick))
     grid.add_row("accuracy", _accuracy(m))
+    delta = m.get("accuracy_delta")
+    if slo.get("min_accuracy") is None and delta is not None and delta < -0.01:
+        grid.add_row("", Text(f"warning: {-delta:.4f} below the baseline and no accuracy floor was set; "
+                              "pass --min-accuracy to bound the loss", style="yellow"))
     grid.add_row(
         "latency p99",
         f"{format_ms(m['latency_p99_ms'])}  ({m['confidence']:.0%} CI {format_ms(m.get('latency_p99_lower_ms'))}"
@@ -156,8 +169,8 @@ class ProgressReporter:
 
     def start(self, *, study: str, task: str, n_trials: int, timeout_s: float | None, stored: int) -> None:
         self.total, self.timeout_s, self.started = n_trials, timeout_s, time.monotonic()
-        resumed = f", continuing after {stored} stored trials" if stored else ""
-        self._print(f"Study [bold]{study}[/] on task [bold]{task}[/]: {n_trials} trials{resumed}.")
+        resumed = f", continuing after {stored} stored trial{'s' if stored != 1 else ''}" if stored else ""
+        self._print(f"Study [bold]{study}[/] on task [bold]{task}[/]: {n_trials} trial{'s' if n_trials != 1 else ''}{resumed}.")
         self.task_id = self.progress.add_task(study, total=n_trials, left="")
 
     def notice(self, message: str) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import math
+import signal
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -16,19 +18,25 @@ from sqlalchemy.engine import Engine
 
 from pareto.compress import Config, Technique, apply, get_technique
 from pareto.errors import NoFeasibleConfiguration, TechniqueError, UsageError
-from pareto.frontier import Candidate, Constraints, evaluate, frontier, select_best
+from pareto.frontier import (
+    Candidate,
+    Constraints,
+    evaluate,
+    frontier,
+    memory_bytes,
+    objective_metrics,
+    select_best,
+)
 from pareto.measure.environment import environment_key, fingerprint
 from pareto.measure.latency import measure_latency, resolve_device
 from pareto.measure.memory import params_bytes, theoretical_bytes
 from pareto.measure.stats import MIN_SAMPLES_P99
 from pareto.spec import Range, SearchSpec
 from pareto.store import queries
-from pareto.store.engine import engine_kwargs, open_engine, session_scope, upgrade
+from pareto.store.engine import check_path, engine_kwargs, open_engine, session_scope, upgrade
 from pareto.store.models import Environment, Measurement, Study, Trial, utcnow
 from pareto.task import Task, load_task
 
-#: Optuna's objectives, in order: accuracy up, conservative P99 bound down.
-DIRECTIONS = ("maximize", "minimize")
 HEARTBEAT_INTERVAL_S = 60
 
 
@@ -65,7 +73,8 @@ class TrialOutcome:
 @dataclass
 class SearchResult:
     study: str
-    trials_run: int
+    trials_run: int  # finished in this run: measured, duplicate or failed
+    measured: int  # of those, measured and stored with a measurement
     interrupted: bool
     frontier: list[Candidate]
     best: Candidate | None
@@ -80,8 +89,7 @@ def run_search(spec: SearchSpec, *, db_url: str, reporter: Reporter | None = Non
         UsageError: bad task, device or spec; StoreError: the database cannot be used.
     """
     reporter = reporter or _Quiet()
-    engine = open_engine(db_url)
-    upgrade(engine)
+    check_path(db_url)  # before a task that may train for a while
     task = load_task(spec.task)
     device = resolve_device(spec.measure.device)
     import torch
@@ -94,6 +102,8 @@ def run_search(spec: SearchSpec, *, db_url: str, reporter: Reporter | None = Non
     _check_input_fits(task, device)
 
     env_fp = fingerprint(device, threads)
+    engine = open_engine(db_url)
+    upgrade(engine)
     with session_scope(engine) as session:
         env_id = _environment_id(session, env_fp)
         study_row = _get_or_create_study(session, spec)
@@ -110,12 +120,13 @@ def run_search(spec: SearchSpec, *, db_url: str, reporter: Reporter | None = Non
         p99_ms=spec.slo.p99_ms,
         min_accuracy=spec.slo.min_accuracy,
         max_memory_bytes=spec.budget.max_memory,
+        min_throughput_per_s=spec.slo.min_throughput,
         min_samples=MIN_SAMPLES_P99,
     )
     study = optuna.create_study(
         study_name=spec.study_name,
         storage=storage,
-        directions=list(DIRECTIONS),
+        directions=["maximize" if up else "minimize" for _, up in objective_metrics(spec.objectives)],
         sampler=_sampler(spec),
         load_if_exists=True,
     )
@@ -137,10 +148,13 @@ def run_search(spec: SearchSpec, *, db_url: str, reporter: Reporter | None = Non
     with session_scope(engine) as session:
         seen = queries.candidates(session, session.get(Study, study_id))
 
+    finished: list[TrialOutcome] = []
+
     def on_trial(_study: optuna.Study, _trial: optuna.trial.FrozenTrial) -> None:
         outcome = objective.last
         if outcome is None:
             return
+        finished.append(outcome)
         if outcome.state == "COMPLETE":
             seen.append(_candidate(spec.study_name, outcome))
         reporter.trial_done(outcome, _best_or_none(seen, constraints, spec.study_name))
@@ -153,19 +167,19 @@ def run_search(spec: SearchSpec, *, db_url: str, reporter: Reporter | None = Non
         timeout_s=spec.search.timeout / 1000 if spec.search.timeout else None,
         stored=stored,
     )
-    before = _trial_count(study)
     interrupted = False
     try:
-        study.optimize(
-            objective,
-            n_trials=spec.search.n_trials,
-            timeout=spec.search.timeout / 1000 if spec.search.timeout else None,
-            catch=(TechniqueError,),
-            callbacks=[on_trial],
-        )
+        with _StopOnInterrupt(study, reporter) as stop:
+            study.optimize(
+                objective,
+                n_trials=spec.search.n_trials,
+                timeout=spec.search.timeout / 1000 if spec.search.timeout else None,
+                catch=(TechniqueError,),
+                callbacks=[on_trial, stop.after_trial],
+            )
+        interrupted = stop.requested
     except KeyboardInterrupt:
         interrupted = True
-    trials_run = _trial_count(study) - before
     with session_scope(engine) as session:
         everything = queries.candidates(session, session.get(Study, study_id))
     best, reason = None, None
@@ -173,12 +187,13 @@ def run_search(spec: SearchSpec, *, db_url: str, reporter: Reporter | None = Non
         best = select_best(everything, constraints, study=spec.study_name)
     except NoFeasibleConfiguration as exc:
         reason = str(exc)
-    front = frontier(everything)
+    front = frontier(everything, objective_metrics(spec.objectives))
     for candidate in front:
         evaluate(candidate, constraints)
     return SearchResult(
         study=spec.study_name,
-        trials_run=trials_run,
+        trials_run=len(finished),
+        measured=sum(o.state == "COMPLETE" for o in finished),
         interrupted=interrupted,
         frontier=front,
         best=best,
@@ -187,12 +202,44 @@ def run_search(spec: SearchSpec, *, db_url: str, reporter: Reporter | None = Non
     )
 
 
+class _StopOnInterrupt:
+    """First Ctrl-C: finish the trial in progress, then stop. Second Ctrl-C: abandon it at once.
+
+    A KeyboardInterrupt raised at an arbitrary point can land in a finalizer during garbage
+    collection, where Python prints and swallows it; a flag checked between trials cannot be lost.
+    """
+
+    def __init__(self, study: optuna.Study, reporter: Reporter) -> None:
+        self.study, self.reporter = study, reporter
+        self.requested = False
+        self._previous: Any = None
+
+    def __enter__(self) -> _StopOnInterrupt:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        self.study.stop()
+
+    def after_trial(self, _study: optuna.Study, _trial: optuna.trial.FrozenTrial) -> None:
+        if self.requested:
+            self.reporter.notice("Ctrl-C: stopped after the trial in progress.")
+
+
 class _Objective:
     def __init__(self, **kwargs: Any) -> None:
         self.__dict__.update(kwargs)
         self.last: TrialOutcome | None = None
 
-    def __call__(self, trial: optuna.Trial) -> tuple[float, float]:
+    def __call__(self, trial: optuna.Trial) -> tuple[float, ...]:
         config = suggest(trial, self.batch_sizes, self.techniques)
         key = config.key()
         with session_scope(self.engine) as session:
@@ -231,16 +278,17 @@ class _Objective:
         with session_scope(self.engine) as session:
             row = session.get(Trial, row_id)
             row.state, row.finished_at = "COMPLETE", utcnow()
+            session.get(Study, self.study_id).updated_at = row.finished_at
             row.compress_s, row.latency_s, row.accuracy_s = phases
             session.add(Measurement(trial_id=row_id, environment_id=self.env_id, **metrics))
         return self._finish(trial, TrialOutcome(trial.number, "COMPLETE", config.describe(), metrics))
 
-    def _finish(self, trial: optuna.Trial, outcome: TrialOutcome) -> tuple[float, float]:
+    def _finish(self, trial: optuna.Trial, outcome: TrialOutcome) -> tuple[float, ...]:
         m = outcome.metrics
         for name, value in _constraint_values(m, self.constraints).items():
             trial.set_constraint(name, value)
         self.last = outcome
-        return m["accuracy"], _p99_objective(m)
+        return tuple(_objective_value(m, metric) for metric, _ in objective_metrics(self.spec.objectives))
 
     def _measure(self, config: Config) -> tuple[dict[str, Any], tuple[float, float, float]]:
         t0 = time.perf_counter()
@@ -367,13 +415,21 @@ def _constraint_values(metrics: dict[str, Any], constraints: Constraints) -> dic
     if constraints.min_accuracy is not None:
         values["min_accuracy"] = constraints.min_accuracy - metrics["accuracy"]
     if constraints.max_memory_bytes is not None:
-        values["max_memory_bytes"] = float(metrics["params_bytes"] - constraints.max_memory_bytes)
+        values["max_memory_bytes"] = float(memory_bytes(metrics) - constraints.max_memory_bytes)
+    if constraints.min_throughput_per_s is not None:
+        values["min_throughput_per_s"] = constraints.min_throughput_per_s - metrics["throughput_per_s"]
     return values
 
 
-def _p99_objective(metrics: dict[str, Any]) -> float:
-    upper = metrics.get("latency_p99_upper_ms")
-    return upper if upper is not None else metrics["latency_p99_ms"]
+def _objective_value(metrics: dict[str, Any], metric: str) -> float:
+    if metric == "latency_p99_upper_ms" and metrics.get(metric) is None:
+        return float(metrics["latency_p99_ms"])  # too few samples for a bound: the point, never "met"
+    if metric == "memory_bytes":
+        return float(memory_bytes(metrics))
+    value = metrics.get(metric)
+    if value is None:
+        raise TechniqueError(f"metric {metric!r} could not be measured for this configuration")
+    return float(value)
 
 
 def _enqueue_baselines(
@@ -431,6 +487,11 @@ def _get_or_create_study(session: Any, spec: SearchSpec) -> Study:
         raise UsageError(
             f"Study {spec.study_name!r} belongs to task {row.task!r}, not {spec.task!r}; pick another --study name."
         )
+    elif row.spec.get("objectives", ["accuracy", "p99"]) != list(spec.objectives):
+        raise UsageError(
+            f"Study {spec.study_name!r} optimizes {','.join(row.spec.get('objectives', ['accuracy', 'p99']))}, "
+            f"not {','.join(spec.objectives)}; pick another --study name."
+        )
     else:
         row.spec = spec_json  # the latest SLO and space; every trial keeps its own config
         row.updated_at = utcnow()
@@ -465,10 +526,6 @@ def _best_or_none(seen: list[Candidate], constraints: Constraints, study: str) -
         return select_best(seen, constraints, study=study)
     except NoFeasibleConfiguration:
         return None
-
-
-def _trial_count(study: optuna.Study) -> int:
-    return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)))
 
 
 def _interrupted(exc: BaseException) -> str:

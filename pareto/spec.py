@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pareto.errors import UsageError
-from pareto.units import parse_duration_ms, parse_size_bytes
+from pareto.units import parse_duration_ms, parse_rate_per_s, parse_size_bytes
 
 DurationMs = Annotated[float, BeforeValidator(parse_duration_ms)]
 SizeBytes = Annotated[int, BeforeValidator(parse_size_bytes)]
+RatePerS = Annotated[float, BeforeValidator(parse_rate_per_s)]
+ObjectiveName = Literal["accuracy", "p99", "p50", "memory", "throughput", "bytes_moved", "flops"]
+Scenario = Literal["mobile", "serving", "realtime", "edge"]
 
 
 class _Strict(BaseModel):
@@ -21,10 +25,11 @@ class _Strict(BaseModel):
 
 
 class SLO(_Strict):
-    """What a configuration must meet: a P99 latency bound and an accuracy floor."""
+    """What a configuration must meet: a P99 latency bound, an accuracy floor, a throughput floor."""
 
     p99: DurationMs | None = Field(default=None, description="P99 latency bound in ms ('7ms').")
     min_accuracy: float | None = None
+    min_throughput: RatePerS | None = Field(default=None, description="Items per second ('500/s').")
 
     @property
     def p99_ms(self) -> float | None:
@@ -32,7 +37,7 @@ class SLO(_Strict):
 
 
 class Budget(_Strict):
-    """Resource limits: parameter memory as stored."""
+    """Resource limits: inference memory (parameters as stored + peak activations + KV cache)."""
 
     max_memory: SizeBytes | None = Field(default=None, description="Bytes ('512MiB', '2GB').")
 
@@ -61,7 +66,10 @@ class Space(_Strict):
     """Which batch sizes and techniques (with their parameter spaces) the search may combine."""
 
     batch_size: list[Annotated[int, Field(ge=1)]] | None = None
-    techniques: dict[str, dict[str, ParamSpace]] = Field(default_factory=dict)
+    # unsaid: the default techniques; an explicit empty mapping searches the batch size alone
+    techniques: dict[str, dict[str, ParamSpace]] = Field(
+        default_factory=lambda: copy.deepcopy(DEFAULT_SPACE["techniques"]), validate_default=True
+    )
 
     @model_validator(mode="after")
     def _known_techniques(self) -> Space:
@@ -110,6 +118,37 @@ class Measure(_Strict):
     samples: int = Field(default=662, ge=1)
     warmup: int = Field(default=50, ge=0)
     confidence: float = Field(default=0.95, gt=0, lt=1)
+    #: keep timing past ``samples`` until the P99 verdict is decided or this budget per trial ends
+    adaptive_budget: DurationMs | None = Field(default=None, description="e.g. '20s'; None: fixed samples.")
+    #: roofline: a profile name from configs/hardware, "host" (the latest `pareto calibrate`), or None
+    hardware: str | None = "auto"
+    #: also time a batch sweep per trial for the throughput curve (costly: one timing per batch size)
+    throughput_sweep: bool = False
+
+    @field_validator("hardware")
+    @classmethod
+    def _no_hardware(cls, value: str | None) -> str | None:
+        return None if value is not None and value.lower() in {"none", "off"} else value
+
+
+#: Deployment scenarios: the objectives and measurement that each one's users care about.
+SCENARIOS: dict[str, dict[str, Any]] = {
+    # memory and P99 at batch 1; throughput given up
+    "mobile": {"objectives": ["accuracy", "p99", "memory"], "space": {"batch_size": [1]}},
+    # throughput and memory under a P99 bound, batch size searched
+    "serving": {
+        "objectives": ["accuracy", "throughput", "memory"],
+        "space": {"batch_size": [1, 8, 32, 128, 256]},
+    },
+    # P99 alone, strictly: batch 1, a 99 % interval, sampling until the verdict is decided
+    "realtime": {
+        "objectives": ["accuracy", "p99"],
+        "space": {"batch_size": [1]},
+        "measure": {"confidence": 0.99, "adaptive_budget": "20s"},
+    },
+    # bytes moved per inference as the energy proxy, and memory
+    "edge": {"objectives": ["accuracy", "bytes_moved", "memory"], "space": {"batch_size": [1]}},
+}
 
 
 class SearchSpec(_Strict):
@@ -117,11 +156,39 @@ class SearchSpec(_Strict):
 
     task: str = "demo"
     study: str | None = None
+    scenario: Scenario | None = None
+    objectives: list[ObjectiveName] = Field(default_factory=lambda: ["accuracy", "p99"])
     slo: SLO = SLO()
     budget: Budget = Budget()
     search: Search = Search()
     measure: Measure = Measure()
     space: Space = Field(default_factory=lambda: Space.model_validate(DEFAULT_SPACE))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _scenario_defaults(cls, data: Any) -> Any:
+        """A scenario fills in what the spec leaves unsaid; anything written explicitly wins."""
+        if not isinstance(data, dict) or data.get("scenario") not in SCENARIOS:
+            return data
+        merged = dict(data)
+        for key, preset in SCENARIOS[data["scenario"]].items():
+            if isinstance(preset, dict):
+                given = merged.get(key) or {}
+                if isinstance(given, BaseModel):
+                    given = given.model_dump(exclude_unset=True)
+                if isinstance(given, dict):
+                    merged[key] = {**preset, **{k: v for k, v in given.items() if v is not None}}
+            elif merged.get(key) is None:
+                merged[key] = preset
+        return merged
+
+    @model_validator(mode="after")
+    def _objectives_make_sense(self) -> SearchSpec:
+        if len(set(self.objectives)) != len(self.objectives):
+            raise ValueError(f"objectives list one twice: {self.objectives}")
+        if not self.objectives:
+            raise ValueError("objectives: give at least one")
+        return self
 
     @property
     def study_name(self) -> str:

@@ -78,6 +78,27 @@ def parse_size_bytes(text: str | float | int) -> int:
     return int(round(value * factor))
 
 
+_RATE = re.compile(rf"^\s*{_NUMBER}\s*(?:samples?|items?|queries|q)?\s*(/\s*s|/\s*sec|per\s+s(?:econd)?|qps)\s*$", re.I)
+
+
+def parse_rate_per_s(text: str | float | int) -> float:
+    """Parse a positive throughput (``500/s``, ``500 samples/s``, ``1.2e4/s``) into items per second.
+
+    Raises:
+        UsageError: no ``/s`` unit, or a value that is not positive.
+    """
+    example = "'500/s'"
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        raise UsageError(f"Throughput {text!r} has no unit; write it like {example}.")
+    match = _RATE.match(str(text))
+    if match is None:
+        raise UsageError(f"Cannot read throughput {text!r}; write it like {example}.")
+    value = float(match.group(1))
+    if not value > 0:
+        raise UsageError(f"Throughput {text!r} must be positive; write it like {example}.")
+    return value
+
+
 def format_ms(value_ms: float | None) -> str:
     """Milliseconds for people: ``0.412 ms``, ``7.31 ms``, ``132 ms``."""
     if value_ms is None:

@@ -81,7 +81,7 @@ def test_no_feasible_exits_1_with_the_closest(searched: Path) -> None:
         (["best", "--slo-p99", "7parsecs"], 2, "Unknown time unit"),
         (["best", "--slo-p99", "-3ms"], 2, "must be positive"),
         (["best", "--slo-p99", "7"], 2, "has no unit"),
-        (["frontier", "--db", "sqlite:///nowhere/x.db"], 1, "No database"),
+        (["frontier", "--db", "sqlite:///nowhere/x.db"], 2, "No database"),
     ],
 )
 def test_bad_query_input(searched: Path, args: list[str], code: int, phrase: str) -> None:
@@ -98,7 +98,7 @@ def test_bad_query_input(searched: Path, args: list[str], code: int, phrase: str
         (["--task", "tests.tiny_task:make_broken_task"], None, 2, "weights file missing"),
         ([], "space: {techniques: {magic: {}}}", 2, "unknown technique 'magic'"),
         ([], "slo: {p99: [", 2, "malformed YAML"),
-        (["--db", "sqlite:////proc/nope/p.db"], None, 1, "Cannot create database"),
+        (["--db", "sqlite:////proc/nope/p.db"], None, 2, "Cannot create database"),
     ],
 )
 def test_bad_search_input_keeps_what_was_stored(
@@ -119,3 +119,41 @@ def test_db_upgrade(tmp_path: Path) -> None:
     proc = pareto("db", "upgrade", "--db", f"sqlite:///{tmp_path}/u.db", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "is at revision 0002" in proc.stdout
+
+
+def test_ctrl_c_stops_cleanly_and_keeps_what_was_measured(tmp_path: Path) -> None:
+    import signal
+    import sqlite3
+    import time
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("PARETO_DB_URL", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys, cli; sys.exit(cli.main())", "search", "--task", TINY, "--study", "c",
+         "--n-trials", "500", "--threads", "1", "--device", "cpu", "--slo-p99", "1s"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    db = tmp_path / "pareto.db"
+    deadline = time.monotonic() + 240
+    complete = 0
+    while time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.5)
+        if db.exists():
+            try:
+                with sqlite3.connect(db) as conn:
+                    complete = conn.execute("SELECT count(*) FROM pareto_trials WHERE state='COMPLETE'").fetchone()[0]
+            except sqlite3.OperationalError:
+                continue  # tables not created yet
+        if complete >= 2:
+            break
+    assert complete >= 2, "the search did not measure two trials in time"
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    assert "Interrupted" in stderr
+    with sqlite3.connect(db) as conn:
+        states = dict(conn.execute("SELECT state, count(*) FROM pareto_trials GROUP BY state").fetchall())
+    assert states.get("COMPLETE", 0) >= complete
+    assert states.get("RUNNING", 0) == 0  # the trial in progress is closed, not left dangling
+    assert pareto("best", "--json", cwd=tmp_path).returncode == 0

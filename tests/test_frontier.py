@@ -75,7 +75,7 @@ def test_no_feasible_names_the_closest() -> None:
         select_best(cands, Constraints(p99_ms=7, min_accuracy=0.8), study="s")
     message = str(info.value)
     assert "closest is trial 2" in message
-    assert "0.500 ms (7%) over 7.00 ms" in message
+    assert "0.500 ms (7% over) above 7.00 ms" in message
 
 
 def test_no_candidates() -> None:

@@ -14,7 +14,7 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from pareto.errors import StoreError, UsageError
+from pareto.errors import DatabasePathError, StoreError, UsageError
 
 DEFAULT_URL = "sqlite:///pareto.db"
 #: Our own Alembic history lives beside Optuna's (which uses ``alembic_version``) without colliding.
@@ -50,16 +50,8 @@ def open_engine(url: str, *, create: bool = True) -> Engine:
     Raises:
         StoreError: the database cannot be reached or the SQLite path cannot be written.
     """
-    parsed = make_url(url)
-    is_sqlite = parsed.get_backend_name() == "sqlite"
-    if is_sqlite and parsed.database and parsed.database != ":memory:":
-        path = Path(parsed.database)
-        if not create and not path.exists():
-            raise StoreError(f"No database at {path}; run 'pareto search' first or pass --db.")
-        if create and not path.parent.exists():
-            raise StoreError(f"Cannot create database {path}: folder {path.parent} does not exist.")
-        if create and not os.access(path.parent, os.W_OK):
-            raise StoreError(f"Cannot write database {path}: folder {path.parent} is not writable.")
+    check_path(url, create=create)
+    is_sqlite = make_url(url).get_backend_name() == "sqlite"
     try:
         engine = create_engine(url, **engine_kwargs(url))
     except (ImportError, SQLAlchemyError) as exc:
@@ -72,6 +64,24 @@ def open_engine(url: str, *, create: bool = True) -> Engine:
     except SQLAlchemyError as exc:
         raise StoreError(f"Cannot open database {_safe(url)}: {_first_line(exc)}.") from exc
     return engine
+
+
+def check_path(url: str, *, create: bool = True) -> None:
+    """Fail early, and without creating anything, when a SQLite path cannot be used.
+
+    Raises:
+        DatabasePathError: a query's database file is missing, or the folder for a new one is not there.
+    """
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
+        return
+    path = Path(parsed.database)
+    if not create and not path.exists():
+        raise DatabasePathError(f"No database at {path}; run 'pareto search' first or pass --db.")
+    if create and not path.parent.exists():
+        raise DatabasePathError(f"Cannot create database {path}: folder {path.parent} does not exist.")
+    if create and not os.access(path.parent, os.W_OK):
+        raise DatabasePathError(f"Cannot write database {path}: folder {path.parent} is not writable.")
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
