@@ -1,7 +1,9 @@
-"""Measurement on the target device: latency with confidence intervals, memory, environment.
+"""Measurement on the target device: latency with confidence intervals, throughput, memory, compute,
+the roofline against hardware profiles, host calibration, environment.
 
 Names are re-exported lazily so that importing ``pareto.measure.stats`` (used by query commands)
-never imports torch.
+never imports torch. ``calibrate`` is imported from ``pareto.measure.calibrate`` itself: its name is
+also the submodule's, which Python binds on the package once the submodule is imported.
 """
 
 from __future__ import annotations
@@ -21,6 +23,28 @@ _EXPORTS = {
     "resolve_device": "latency",
     "params_bytes": "memory",
     "theoretical_bytes": "memory",
+    "activation_bytes": "memory",
+    "kv_cache_bytes": "memory",
+    "MemoryBreakdown": "memory",
+    "memory_breakdown": "memory",
+    "ComputeCost": "compute",
+    "LayerCost": "compute",
+    "arithmetic_intensity": "compute",
+    "bytes_moved": "compute",
+    "compute_cost": "compute",
+    "compute_dtype": "compute",
+    "count_flops": "compute",
+    "layer_costs": "compute",
+    "ThroughputCurve": "throughput",
+    "ThroughputPoint": "throughput",
+    "default_batch_sweep": "throughput",
+    "throughput_curve": "throughput",
+    "HardwareProfile": "roofline",
+    "achieved_fraction": "roofline",
+    "list_profiles": "roofline",
+    "load_profile": "roofline",
+    "regime": "roofline",
+    "roofline_bound_ms": "roofline",
     "environment_key": "environment",
     "fingerprint": "environment",
 }

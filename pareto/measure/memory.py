@@ -1,11 +1,35 @@
-"""Parameter memory of a model: as stored now, and as ideal sparse/compressed storage would hold it."""
+"""Memory of a model at inference: parameters as stored, peak activations, KV cache, optimizer state.
+
+M = M_params + M_activations + M_kv_cache + M_optimizer (DOMAIN.md); at inference M_optimizer = 0.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import weakref
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from pareto.errors import UsageError
+from pareto.measure.latency import _as_args, resolve_device
+
+if TYPE_CHECKING:
+    from pareto.task import AttentionShape
+
+#: How ``activation_bytes`` measures on each kind of device; stored with the number.
+ACTIVATION_METHOD_CUDA = (
+    "CUDA caching allocator: max_memory_allocated during one forward minus memory_allocated before it "
+    "(peak stats reset, one untimed forward first), inference_mode"
+)
+ACTIVATION_METHOD_CPU = (
+    "peak bytes of tensor storages produced by operators during one forward and alive at once "
+    "(TorchDispatchMode, freed when their last tensor dies; parameters, buffers and inputs excluded, "
+    "output included, kernel-internal workspaces not seen), inference_mode"
+)
 
 
 def params_bytes(model: nn.Module) -> int:
@@ -22,7 +46,7 @@ def params_bytes(model: nn.Module) -> int:
     Returns:
         The total in bytes.
     """
-    return sum(dtype.itemsize * t.numel() + _qparams_bytes(t) for t, dtype, _ in _tensors(model))
+    return sum(_stored_bytes(t, dtype) for t, dtype, _ in _tensors(model))
 
 
 def theoretical_bytes(model: nn.Module) -> int:
@@ -46,22 +70,303 @@ def theoretical_bytes(model: nn.Module) -> int:
     return total
 
 
+def tensor_bytes(obj: Any) -> int:
+    """Bytes of every tensor in ``obj`` (a tensor, or tuples, lists and dict values of them).
+
+    Each tensor counts ``numel × element size`` (its logical size, not its storage's); other
+    objects count 0.
+    """
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(value) for value in obj.values())
+    if isinstance(obj, (tuple, list)):
+        return sum(tensor_bytes(item) for item in obj)
+    return 0
+
+
+def activation_bytes(model: nn.Module, inputs: torch.Tensor | Sequence[Any], device: str) -> int:
+    """Peak activation bytes of one forward pass on one batch.
+
+    On CUDA: the caching allocator's peak. One untimed forward runs first (so that lazily created
+    workspaces such as cuBLAS's are not counted), then peak statistics are reset and the result is
+    ``torch.cuda.max_memory_allocated`` during one forward minus ``memory_allocated`` before it:
+    every tensor the forward allocated, kernel workspaces included, output included.
+
+    On CPU (no allocator statistics): the peak of *live tensor bytes*, tracked at the operator level
+    with a ``TorchDispatchMode``: every storage an operator returns during the forward is counted
+    when it first appears and uncounted when the last tensor viewing it is freed; the result is the
+    largest sum alive at once. Parameters, buffers and the inputs are excluded (they exist before the
+    forward); the output is included. Scratch memory inside a kernel (oneDNN/FBGEMM workspaces) never
+    reaches Python and is not seen, so this is a lower bound on the allocator's true peak. A
+    ``torch.compile``d model is measured through the eager module it wraps (fused kernels may keep
+    fewer intermediates alive). For a
+    ``Sequential(Linear(a, h), ReLU(), Linear(h, b))`` at batch B it is ``4·B·(h + h)`` bytes (the
+    first Linear's output and the ReLU's are alive together).
+
+    The model is put in eval mode and moved to ``device`` in place; inputs are moved there.
+
+    Args:
+        model: The module; called as ``model(*inputs)``.
+        inputs: A tensor, or a tuple/list of tensors (non-tensor items are passed as they are).
+        device: "auto", "cpu", "cuda" or "cuda:N".
+
+    Returns:
+        Peak activation bytes (``ACTIVATION_METHOD_CPU`` / ``ACTIVATION_METHOD_CUDA`` name the method).
+
+    Raises:
+        UsageError: a bad device.
+    """
+    device = resolve_device(device)
+    model = model.to(device).eval()
+    args = _as_args(inputs, device)
+    with torch.inference_mode():
+        if device.startswith("cuda"):
+            return _cuda_peak_bytes(model, args, device)
+        model = eager_module(model)  # a dispatch mode sees the eager ops, not a compiled graph's
+        known = {_storage_key(t) for t in (*model.parameters(), *model.buffers()) if _has_storage(t)}
+        known |= {_storage_key(t) for t in args if isinstance(t, torch.Tensor) and _has_storage(t)}
+        with _LiveTensorBytes(known) as tracker:
+            output = model(*args)
+        del output
+        return tracker.peak_bytes
+
+
+def eager_module(model: nn.Module) -> nn.Module:
+    """The eager module behind a ``torch.compile``d one (its ``_orig_mod``); any other module as it is."""
+    original = getattr(model, "_orig_mod", None)
+    return original if isinstance(original, nn.Module) else model
+
+
+def activation_method(device: str) -> str:
+    """The method string ``activation_bytes`` follows on ``device`` ("cpu" or "cuda:N")."""
+    return ACTIVATION_METHOD_CUDA if device.startswith("cuda") else ACTIVATION_METHOD_CPU
+
+
+def kv_cache_bytes(attention: AttentionShape | None, batch_size: int, bytes_per_element: int) -> int:
+    """Bytes of the key/value cache: 2 (K and V) × layers × sequence × width × bytes × batch.
+
+    LLaMA-7B (32 layers, width 4096) at sequence 4096 in FP16, batch 1: 2·32·4096·4096·2 =
+    2,147,483,648 bytes (2 GiB), on top of its ~13.5 GB of FP16 weights.
+
+    Args:
+        attention: The task's attention shape; None (not a transformer) gives 0.
+        batch_size: Sequences held at once.
+        bytes_per_element: Bytes per cached element (FP16 2, FP32 4, INT8 1).
+
+    Returns:
+        The KV-cache bytes.
+
+    Raises:
+        UsageError: ``batch_size < 1`` or ``bytes_per_element < 1``.
+    """
+    if batch_size < 1:
+        raise UsageError(f"Batch size must be at least 1, got {batch_size}.")
+    if bytes_per_element < 1:
+        raise UsageError(f"Bytes per KV-cache element must be at least 1, got {bytes_per_element}.")
+    if attention is None:
+        return 0
+    return 2 * attention.layers * attention.sequence * attention.width * bytes_per_element * batch_size
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Inference memory split into its terms, in bytes, with how each was obtained.
+
+    ``optimizer_bytes`` is 0 by definition at inference: no gradients and no optimizer state
+    (Adam would hold two more copies of the parameters) are kept. ``total_bytes`` is the sum.
+    """
+
+    params_bytes: int
+    activation_bytes: int
+    kv_cache_bytes: int
+    optimizer_bytes: int = 0
+    method: str = ""
+    total_bytes: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        total = self.params_bytes + self.activation_bytes + self.kv_cache_bytes + self.optimizer_bytes
+        object.__setattr__(self, "total_bytes", total)
+
+    def to_dict(self) -> dict[str, int | str]:
+        """All fields as plain values."""
+        return asdict(self)
+
+
+def memory_breakdown(
+    model: nn.Module,
+    inputs: torch.Tensor | Sequence[Any],
+    *,
+    device: str,
+    batch_size: int,
+    attention: AttentionShape | None = None,
+    kv_bytes_per_element: int | None = None,
+) -> MemoryBreakdown:
+    """Measure every memory term of ``model`` at inference on one batch.
+
+    Args:
+        model: The module (put in eval mode and moved to ``device`` in place).
+        inputs: One batch, as ``measure_latency`` takes it.
+        device: "auto", "cpu", "cuda" or "cuda:N".
+        batch_size: The batch ``inputs`` holds (sequences in the KV cache).
+        attention: The task's attention shape, None when it has no KV cache.
+        kv_bytes_per_element: Bytes per cached element; None takes the element size of the model's
+            floating-point parameters (its activations' dtype: dynamic int8 quantization keeps fp32
+            activations), 4 when it has none.
+
+    Returns:
+        The breakdown; ``method`` says how each term was obtained.
+    """
+    device = resolve_device(device)
+    element = kv_bytes_per_element if kv_bytes_per_element is not None else _float_element_size(model)
+    kv = kv_cache_bytes(attention, batch_size, element)
+    method = (
+        f"params: bytes as stored; activations: {activation_method(device)}; "
+        + (
+            f"KV cache: 2 x {attention.layers} layers x {attention.sequence} tokens x "
+            f"{attention.width} width x {element} B x batch {batch_size}; "
+            if attention is not None
+            else "KV cache: none (no attention shape); "
+        )
+        + "optimizer: 0 at inference"
+    )
+    return MemoryBreakdown(
+        params_bytes=params_bytes(model),
+        activation_bytes=activation_bytes(model, inputs, device),
+        kv_cache_bytes=kv,
+        method=method,
+    )
+
+
+def _float_element_size(model: nn.Module) -> int:
+    for tensor in (*model.parameters(), *model.buffers()):
+        if tensor.is_floating_point():
+            return tensor.element_size()
+    return 4
+
+
+def _cuda_peak_bytes(model: nn.Module, args: tuple[Any, ...], device: str) -> int:
+    output = model(*args)  # lazily created workspaces (cuBLAS handles) are not activations
+    del output
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    baseline = torch.cuda.memory_allocated(device)
+    output = model(*args)
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - baseline
+    del output
+    return max(int(peak), 0)
+
+
+def _has_storage(tensor: torch.Tensor) -> bool:
+    return tensor.layout == torch.strided and tensor.device.type != "meta"
+
+
+def _storage_key(tensor: torch.Tensor) -> tuple[str, int]:
+    return (str(tensor.device), tensor.untyped_storage().data_ptr())
+
+
+class _LiveTensorBytes(TorchDispatchMode):
+    """Track bytes of operator-produced storages that are alive at once; keep the peak."""
+
+    def __init__(self, known: set[tuple[str, int]]) -> None:
+        super().__init__()
+        self._known = known
+        self._live: dict[tuple[str, int], list[int]] = {}  # key -> [bytes, tensors alive]
+        self._finalizers: list[weakref.finalize] = []
+        self._current = 0
+        self.peak_bytes = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for tensor in _leaves(out):
+            if not _has_storage(tensor):
+                continue
+            key = _storage_key(tensor)
+            if key in self._known:
+                continue
+            entry = self._live.get(key)
+            if entry is None:
+                entry = self._live[key] = [tensor.untyped_storage().nbytes(), 0]
+                self._current += entry[0]
+            entry[1] += 1
+            self._finalizers.append(weakref.finalize(tensor, self._release, key))
+        self.peak_bytes = max(self.peak_bytes, self._current)
+        return out
+
+    def _release(self, key: tuple[str, int]) -> None:
+        entry = self._live[key]
+        entry[1] -= 1
+        if entry[1] == 0:
+            self._current -= entry[0]
+            del self._live[key]
+
+    def __exit__(self, *exc: Any) -> None:
+        for finalizer in self._finalizers:  # tensors that outlive the forward need no tracking
+            finalizer.detach()
+        self._finalizers.clear()
+        super().__exit__(*exc)
+
+
+def _leaves(obj: Any) -> Iterator[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (tuple, list)):
+        for item in obj:
+            yield from _leaves(item)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            yield from _leaves(item)
+
+
+def _stored_bytes(tensor: torch.Tensor, dtype: torch.dtype) -> int:
+    return dtype.itemsize * tensor.numel() + _qparams_bytes(tensor)
+
+
+def _own_tensors(module: nn.Module) -> Iterator[tuple[object, torch.Tensor, torch.dtype, bool]]:
+    """Yield ``(identity, tensor, stored dtype, is_weight)`` for what ``module`` itself holds."""
+    for name, param in module.named_parameters(recurse=False):
+        yield param, param.detach(), param.dtype, name != "bias"
+    for buffer in module.buffers(recurse=False):
+        yield buffer, buffer, buffer.dtype, False
+    # torch.ao quantized modules expose packed weights through methods, not as parameters
+    if callable(getattr(module, "weight", None)) and callable(getattr(module, "bias", None)):
+        weight = module.weight()
+        # fp16 dynamic quantization unpacks to fp32; the packed params know the stored dtype
+        packed_dtype = getattr(getattr(module, "_packed_params", None), "dtype", weight.dtype)
+        yield weight, weight, packed_dtype, True
+        bias = module.bias()
+        if bias is not None:
+            yield bias, bias, bias.dtype, False
+
+
 def _tensors(model: nn.Module) -> Iterator[tuple[torch.Tensor, torch.dtype, bool]]:
-    """Yield ``(tensor, stored dtype, is_weight)`` for every parameter, buffer and packed weight."""
-    for name, param in model.named_parameters():
-        yield param.detach(), param.dtype, name.rsplit(".", 1)[-1] != "bias"
-    for buffer in model.buffers():
-        yield buffer, buffer.dtype, False
+    """Yield ``(tensor, stored dtype, is_weight)`` for every parameter, buffer and packed weight once."""
+    for _, tensor, dtype, is_weight in _owned_tensors(model):
+        yield tensor, dtype, is_weight
+
+
+def _owned_tensors(model: nn.Module) -> Iterator[tuple[nn.Module, torch.Tensor, torch.dtype, bool]]:
+    """Like ``_tensors``, with the module that holds each tensor (a shared one counts at its first)."""
+    seen: dict[int, object] = {}  # holds each object: a freed one's id could be reused by the next
     for module in model.modules():
-        # torch.ao quantized modules expose packed weights through methods, not as parameters
-        if callable(getattr(module, "weight", None)) and callable(getattr(module, "bias", None)):
-            weight = module.weight()
-            # fp16 dynamic quantization unpacks to fp32; the packed params know the stored dtype
-            packed_dtype = getattr(getattr(module, "_packed_params", None), "dtype", weight.dtype)
-            yield weight, packed_dtype, True
-            bias = module.bias()
-            if bias is not None:
-                yield bias, bias.dtype, False
+        for identity, tensor, dtype, is_weight in _own_tensors(module):
+            if id(identity) in seen:
+                continue
+            seen[id(identity)] = identity
+            yield module, tensor, dtype, is_weight
+
+
+def stored_bytes_by_module(model: nn.Module) -> dict[nn.Module, int]:
+    """Bytes (as ``params_bytes`` counts them) held directly by each module of ``model``.
+
+    A tensor shared by several modules counts once, at the first in ``model.modules()`` order, so
+    the values sum to ``params_bytes(model)``.
+    """
+    result: dict[nn.Module, int] = {}
+    for module, tensor, dtype, _ in _owned_tensors(model):
+        result[module] = result.get(module, 0) + _stored_bytes(tensor, dtype)
+    return result
 
 
 def _qparams_bytes(tensor: torch.Tensor) -> int:

@@ -1,0 +1,169 @@
+"""Hardware ceilings and the roofline: attainable FLOP/s <= min(peak, bandwidth × arithmetic intensity).
+
+Profiles of public accelerators live in ``configs/hardware/*.yaml`` (package ``pareto._hardware``),
+each number with its public source; a host's own profile comes from ``pareto.measure.calibrate``.
+No torch here: ``pareto hardware`` lists profiles without importing it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+from pareto.errors import UsageError
+
+Regime = Literal["memory-bound", "compute-bound"]
+
+_PACKAGE = "pareto._hardware"
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """Peak compute per dtype and memory bandwidth of one device, with where each number comes from.
+
+    Args:
+        name: Short name (``a100-40gb``, ``host-cpu``).
+        description: The device in words.
+        peak_flops: Dense peak FLOP/s per dtype ("fp32", "tf32", "fp16", "bf16", "int8" in op/s, ...),
+            without 2:4 structured sparsity.
+        memory_bandwidth_bytes_per_s: Peak (datasheet) or measured memory bandwidth.
+        memory_bytes: Device memory capacity; None when unknown.
+        sources: For each number (``peak_flops.fp16``, ``memory_bandwidth_bytes_per_s``,
+            ``memory_bytes``), the public document it is taken from or how it was measured.
+        method: How a calibrated profile was measured; None for datasheet profiles.
+        measured_at: ISO-8601 UTC time of a calibration; None for datasheet profiles.
+    """
+
+    name: str
+    description: str
+    peak_flops: dict[str, float]
+    memory_bandwidth_bytes_per_s: float
+    memory_bytes: int | None = None
+    sources: dict[str, str] = field(default_factory=dict)
+    method: str | None = None
+    measured_at: str | None = None
+
+    def peak(self, dtype: str) -> float:
+        """Peak FLOP/s for ``dtype``.
+
+        Raises:
+            UsageError: the profile has no figure for ``dtype``.
+        """
+        value = self.peak_flops.get(dtype)
+        if value is None:
+            known = ", ".join(sorted(self.peak_flops)) or "none"
+            raise UsageError(f"Hardware profile {self.name!r} has no peak for {dtype!r}; it has: {known}.")
+        return value
+
+    def ridge_flop_per_byte(self, dtype: str) -> float:
+        """The ridge point: arithmetic intensity where the memory and compute roofs meet (peak / bandwidth)."""
+        return self.peak(dtype) / self.memory_bandwidth_bytes_per_s
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values, with ``ridge_flop_per_byte`` per dtype added."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "peak_flops": dict(self.peak_flops),
+            "memory_bandwidth_bytes_per_s": self.memory_bandwidth_bytes_per_s,
+            "memory_bytes": self.memory_bytes,
+            "ridge_flop_per_byte": {dtype: self.ridge_flop_per_byte(dtype) for dtype in self.peak_flops},
+            "sources": dict(self.sources),
+            "method": self.method,
+            "measured_at": self.measured_at,
+        }
+
+
+def list_profiles() -> list[str]:
+    """Names of the shipped hardware profiles, sorted."""
+    return sorted(
+        entry.name.removesuffix(".yaml")
+        for entry in resources.files(_PACKAGE).iterdir()
+        if entry.name.endswith(".yaml")
+    )
+
+
+def load_profile(name: str) -> HardwareProfile:
+    """Load a shipped profile by name (case-insensitive), or a profile YAML file by its path.
+
+    Raises:
+        UsageError: an unknown name (the message lists the known ones) or a malformed file.
+    """
+    path = Path(name)
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        return _parse(path.read_text(encoding="utf-8"), str(path))
+    key = name.strip().lower()
+    entry = resources.files(_PACKAGE) / f"{key}.yaml"
+    if not key or "/" in key or not entry.is_file():
+        known = ", ".join(list_profiles())
+        raise UsageError(f"Unknown hardware profile {name!r}; known profiles: {known}.")
+    return _parse(entry.read_text(encoding="utf-8"), f"{key}.yaml")
+
+
+def roofline_bound_ms(flops: float, bytes_: float, profile: HardwareProfile, dtype: str) -> float:
+    """The roofline lower bound on latency: max(FLOPs / peak, bytes / bandwidth), in milliseconds."""
+    compute_s = flops / profile.peak(dtype)
+    memory_s = bytes_ / profile.memory_bandwidth_bytes_per_s
+    return max(compute_s, memory_s) * 1e3
+
+
+def regime(intensity: float, profile: HardwareProfile, dtype: str) -> Regime:
+    """"memory-bound" below the ridge point, "compute-bound" at or above it."""
+    return "compute-bound" if intensity >= profile.ridge_flop_per_byte(dtype) else "memory-bound"
+
+
+def achieved_fraction(bound_ms: float, measured_p50_ms: float) -> float:
+    """How close a measurement comes to its roofline bound: bound / measured p50 (1.0 is the roof).
+
+    Raises:
+        ValueError: a non-positive measurement or a negative bound.
+    """
+    if not measured_p50_ms > 0:
+        raise ValueError(f"A measured latency must be positive, got {measured_p50_ms} ms.")
+    if bound_ms < 0:
+        raise ValueError(f"A roofline bound cannot be negative, got {bound_ms} ms.")
+    return bound_ms / measured_p50_ms
+
+
+def _parse(text: str, origin: str) -> HardwareProfile:
+    import yaml  # lazily: only loading a profile needs it
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise UsageError(f"Hardware profile {origin} is not valid YAML: {exc}.") from exc
+    if not isinstance(data, dict):
+        raise UsageError(f"Hardware profile {origin} must be a mapping of fields.")
+    missing = [
+        key for key in ("name", "peak_flops", "memory_bandwidth_bytes_per_s", "sources") if key not in data
+    ]
+    if missing:
+        raise UsageError(f"Hardware profile {origin} lacks {', '.join(missing)}.")
+    try:
+        peaks = {str(dtype): _positive(value) for dtype, value in dict(data["peak_flops"]).items()}
+        bandwidth = _positive(data["memory_bandwidth_bytes_per_s"])
+        memory = data.get("memory_bytes")
+        memory_bytes = int(_positive(memory)) if memory is not None else None
+        sources = {str(key): str(value) for key, value in dict(data["sources"]).items()}
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"Hardware profile {origin} has a bad value: {exc}.") from exc
+    if not peaks:
+        raise UsageError(f"Hardware profile {origin} lists no peak FLOP/s.")
+    return HardwareProfile(
+        name=str(data["name"]),
+        description=str(data.get("description", data["name"])),
+        peak_flops=peaks,
+        memory_bandwidth_bytes_per_s=bandwidth,
+        memory_bytes=memory_bytes,
+        sources=sources,
+    )
+
+
+def _positive(value: Any) -> float:
+    number = float(value)  # YAML 1.1 reads "1.5e12" (no exponent sign) as a string; float() accepts it
+    if not math.isfinite(number) or number <= 0:
+        raise ValueError(f"{value!r} is not a positive finite number")
+    return number

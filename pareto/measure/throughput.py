@@ -1,0 +1,160 @@
+"""Throughput over a batch sweep: T(B) = B / L(B), where it saturates, and the largest batch within an SLO."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from pareto.errors import UsageError
+from pareto.measure.latency import measure_latency
+from pareto.measure.stats import MIN_SAMPLES_P99, Verdict, slo_verdict
+
+#: A batch is "saturated" once its throughput reaches this fraction of the sweep's maximum.
+SATURATION_FRACTION = 0.9
+
+
+@dataclass(frozen=True)
+class ThroughputPoint:
+    """One batch size of the sweep: latency of one call and the throughput it implies."""
+
+    batch: int
+    p50_ms: float
+    p99_ms: float
+    p99_upper_ms: float
+    mean_ms: float
+    throughput_per_s: float
+    samples: int
+    verdict: Verdict | None
+
+
+@dataclass(frozen=True)
+class ThroughputCurve:
+    """T(B) over a batch sweep.
+
+    ``saturation_batch`` is the smallest batch whose throughput is at least ``SATURATION_FRACTION``
+    (90 %) of the largest throughput in the sweep: beyond it a bigger batch buys at most 10 % more
+    throughput for more latency. It is judged within the sweep only; when the largest batch is also
+    the fastest, throughput may still be rising past it. ``max_batch_within_slo`` is the largest
+    batch whose P99 verdict against ``slo_ms`` is "met" (upper confidence bound within the SLO and
+    at least ``MIN_SAMPLES_P99`` samples), None when no batch meets it or no SLO was given.
+    """
+
+    points: tuple[ThroughputPoint, ...]
+    saturation_batch: int
+    max_batch_within_slo: int | None
+    slo_ms: float | None
+    stopped_reason: str | None
+    method: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """All fields as plain values; an unbounded upper bound (``inf``) becomes None."""
+        data = asdict(self)
+        for point in data["points"]:
+            if point["p99_upper_ms"] == float("inf"):
+                point["p99_upper_ms"] = None
+        return data
+
+
+def default_batch_sweep(limit: int) -> list[int]:
+    """Powers of two from 1 up to ``limit`` inclusive: 1, 2, 4, … ≤ limit.
+
+    Raises:
+        UsageError: ``limit < 1``.
+    """
+    if limit < 1:
+        raise UsageError(f"The batch sweep limit must be at least 1, got {limit}.")
+    sweep, batch = [], 1
+    while batch <= limit:
+        sweep.append(batch)
+        batch *= 2
+    return sweep
+
+
+def throughput_curve(
+    model: nn.Module,
+    example_input: Callable[[int], Any],
+    batch_sizes: Iterable[int],
+    *,
+    device: str,
+    samples: int = MIN_SAMPLES_P99,
+    warmup: int = 50,
+    threads: int | None = None,
+    slo_ms: float | None = None,
+    confidence: float = 0.95,
+) -> ThroughputCurve:
+    """Measure latency at each batch size with ``measure_latency`` and derive T(B) = B / mean L(B).
+
+    Throughput uses the mean latency of the timed calls (calls back to back: batches per second is
+    the reciprocal of the mean). When a batch runs out of device memory the sweep stops there and
+    ``stopped_reason`` says so; the batches measured before it are kept.
+
+    Args:
+        model: The module (put in eval mode and moved to ``device`` in place).
+        example_input: ``batch_size -> input``, the task's ``example_input``.
+        batch_sizes: Batch sizes to measure, e.g. ``default_batch_sweep(256)``; sorted and deduplicated.
+        device: "auto", "cpu", "cuda" or "cuda:N".
+        samples: Timed calls per batch size.
+        warmup: Untimed calls per batch size.
+        threads: Torch threads while timing; None keeps the current count.
+        slo_ms: P99 SLO in ms for ``max_batch_within_slo``; None leaves it None.
+        confidence: Two-sided coverage of the percentile intervals.
+
+    Returns:
+        The curve.
+
+    Raises:
+        UsageError: no batch sizes, a batch size below 1, the first batch out of memory, or a bad
+            ``measure_latency`` argument.
+    """
+    batches = sorted(set(batch_sizes))
+    if not batches:
+        raise UsageError("A throughput sweep needs at least one batch size.")
+    if batches[0] < 1:
+        raise UsageError(f"Batch sizes must be at least 1, got {batches[0]}.")
+    points: list[ThroughputPoint] = []
+    stopped_reason = None
+    method = ""
+    for batch in batches:
+        try:
+            result = measure_latency(
+                model, example_input(batch), device=device, samples=samples, warmup=warmup,
+                threads=threads, confidence=confidence,
+            )  # fmt: skip
+        except torch.OutOfMemoryError:
+            stopped_reason = f"batch {batch} ran out of device memory; larger batches not measured"
+            break
+        s = result.summary
+        method = result.method
+        verdict = slo_verdict(s.p99_lower_ms, s.p99_upper_ms, slo_ms, s.samples) if slo_ms else None
+        points.append(
+            ThroughputPoint(
+                batch=batch,
+                p50_ms=s.p50_ms,
+                p99_ms=s.p99_ms,
+                p99_upper_ms=s.p99_upper_ms,
+                mean_ms=s.mean_ms,
+                throughput_per_s=batch / (s.mean_ms / 1e3),
+                samples=s.samples,
+                verdict=verdict,
+            )
+        )
+    if not points:
+        raise UsageError(f"Batch {batches[0]} already runs out of device memory; try a smaller batch.")
+    best = max(point.throughput_per_s for point in points)
+    saturation = next(p.batch for p in points if p.throughput_per_s >= SATURATION_FRACTION * best)
+    within = [p.batch for p in points if p.verdict == "met"]
+    return ThroughputCurve(
+        points=tuple(points),
+        saturation_batch=saturation,
+        max_batch_within_slo=max(within) if within else None,
+        slo_ms=slo_ms,
+        stopped_reason=stopped_reason,
+        method=(
+            f"measure_latency per batch ({method}); throughput = batch / mean latency; saturation: "
+            f"smallest batch with >= {SATURATION_FRACTION:.0%} of the sweep's maximum throughput"
+        ),
+    )
