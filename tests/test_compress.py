@@ -11,8 +11,8 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from pareto.compress import Config, Technique, apply, get_technique
-from pareto.compress.base import Family
+from pareto.compress import Config, Technique, apply, describe_techniques, get_technique, quantize, registry
+from pareto.compress.base import CANONICAL_ORDER, Family
 from pareto.compress.lowrank import LowRank
 from pareto.compress.prune import StructuredPrune, UnstructuredPrune
 from pareto.compress.quantize import Int8Dynamic
@@ -48,7 +48,10 @@ def _forward(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize(
     "technique",
-    [UnstructuredPrune(sparsity=0.5), StructuredPrune(ratio=0.5), LowRank(rank_ratio=0.25), Int8Dynamic()],
+    [
+        UnstructuredPrune(sparsity=0.5), StructuredPrune(ratio=0.5), LowRank(rank_ratio=0.25),
+        LowRank(energy=0.5), Int8Dynamic(), get_technique("fp16"), get_technique("bf16"),
+    ],
     ids=lambda t: t.describe(),
 )
 def test_every_technique_keeps_the_output_shape(technique: Technique) -> None:
@@ -191,13 +194,20 @@ def test_lowrank_at_full_rank_on_a_square_layer_raises() -> None:
 # --- int8 dynamic quantization --------------------------------------------------------------------
 
 
-def test_int8_dynamic_is_cpu_only() -> None:
-    assert Int8Dynamic().available("cuda:0") == "int8 dynamic quantization runs on the CPU only."
+def test_int8_dynamic_without_torchao_is_cpu_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(quantize, "_torchao", lambda: (None, quantize.TORCHAO_HINT))
+    reason = Int8Dynamic().available("cuda:0")
+    assert reason is not None and reason.startswith("int8 dynamic quantization runs on the CPU only without torchao")
+    assert "pip install 'pareto-slo[torchao]'" in reason
+    if Int8Dynamic().available("cpu") is None:
+        assert Int8Dynamic().backend("cpu") == "torch.ao"
 
 
 @pytest.mark.skipif(Int8Dynamic().available("cpu") is not None, reason="no quantized CPU engine")
-def test_int8_dynamic_quantizes_every_linear_and_stays_close() -> None:
+def test_int8_dynamic_quantizes_every_linear_and_stays_close(monkeypatch: pytest.MonkeyPatch) -> None:
     from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
+
+    monkeypatch.setattr(quantize, "_torchao", lambda: (None, quantize.TORCHAO_HINT))  # the eager backend
 
     model = _mlp(128)
     with warnings.catch_warnings():
@@ -230,6 +240,19 @@ def test_int8_dynamic_without_linear_raises() -> None:
         ("lowrank", {"rank_ratio": 1.01}),
         ("lowrank", {"ratio": 0.5}),
         ("int8_dynamic", {"bits": 4}),
+        ("lowrank", {}),
+        ("lowrank", {"rank_ratio": 0.5, "energy": 0.9}),
+        ("lowrank", {"energy": 0}),
+        ("lowrank", {"energy": 1.5}),
+        ("compile", {"mode": "turbo"}),
+        ("distill", {"width_ratio": 0}),
+        ("distill", {"alpha": 1.5}),
+        ("distill", {"temperature": 0}),
+        ("distill", {"steps": 0}),
+        ("distill", {"depth": 0}),
+        ("finetune", {"steps": 10**9}),
+        ("finetune", {"lr": -1.0}),
+        ("int4_weight_only", {"group_size": 100}),
         ("no_such_technique", {}),
     ],
 )
@@ -238,10 +261,78 @@ def test_bad_technique_names_and_parameters_are_usage_errors(name: str, params: 
         get_technique(name, params)
 
 
+def test_usage_errors_are_one_sentence() -> None:
+    message = r"^Technique 'lowrank': parameters: give exactly one of rank_ratio and energy\.$"
+    with pytest.raises(UsageError, match=message):
+        get_technique("lowrank", {"rank_ratio": 0.5, "energy": 0.9})
+    with pytest.raises(UsageError, match=r"^Technique 'compile': mode: .*'default'"):
+        get_technique("compile", {"mode": "turbo"})
+
+
 def test_get_technique_builds_the_registered_class() -> None:
     assert get_technique("prune_structured", {"ratio": 0.5}) == StructuredPrune(ratio=0.5)
     assert get_technique("int8_dynamic") == Int8Dynamic()
     assert get_technique("lowrank", {"rank_ratio": 1.0}).describe() == "lowrank(rank_ratio=1)"
+    assert get_technique("lowrank", {"energy": 0.9}).describe() == "lowrank(energy=0.9)"
+    assert get_technique("distill").describe() == (
+        "distill(width_ratio=0.5,temperature=4,alpha=0.9,steps=200,lr=0.001)"
+    )
+
+
+def test_canonical_order_runs_finetune_between_lowrank_and_quantize() -> None:
+    assert CANONICAL_ORDER == ("distill", "prune", "lowrank", "finetune", "quantize", "compile")
+    techniques = tuple(
+        get_technique(name, params)
+        for name, params in [
+            ("compile", {}), ("int8_dynamic", {}), ("finetune", {}), ("prune_2_4", {}),
+            ("lowrank", {"rank_ratio": 0.5}), ("prune_unstructured", {"sparsity": 0.5}),
+            ("prune_structured", {"ratio": 0.5}), ("distill", {}), ("bf16", {}),
+        ]
+    )
+    ordered = [t.name for t in Config(techniques=techniques, batch_size=1).techniques]
+    assert ordered == [
+        "distill", "prune_structured", "prune_unstructured", "prune_2_4", "lowrank", "finetune",
+        "bf16", "int8_dynamic", "compile",
+    ]
+
+
+def test_describe_techniques_lists_every_technique_with_its_availability() -> None:
+    listing = describe_techniques("cpu")
+    assert {t["name"] for t in listing} == set(registry())
+    assert {"distill", "finetune", "compile", "prune_2_4", "fp16", "bf16", "int8_weight_only"} <= set(registry())
+    families = [CANONICAL_ORDER.index(t["family"]) for t in listing]
+    assert families == sorted(families)
+    for entry in listing:
+        assert set(entry) == {"name", "family", "summary", "parameters", "available", "reason", "backend"}
+        assert entry["summary"] and "\n" not in entry["summary"]
+        assert entry["available"] is (entry["reason"] is None)
+    by_name = {t["name"]: t for t in listing}
+    assert by_name["prune_structured"]["parameters"] == {"ratio": "float in (0, 1)"}
+    assert by_name["distill"]["parameters"]["steps"] == "int in [1, 100000], default 200"
+    assert by_name["lowrank"]["parameters"]["energy"] == "float in (0, 1] or null, default null"
+    assert by_name["compile"]["parameters"]["mode"].startswith("one of 'default', 'reduce-overhead'")
+    assert by_name["prune_2_4"]["available"] is False
+    assert by_name["prune_2_4"]["reason"].startswith("2:4 sparse kernels need a CUDA GPU of compute capability 8.0")
+    assert by_name["int4_weight_only"]["available"] is False
+    assert by_name["prune_unstructured"]["available"] is True
+
+
+def test_describe_techniques_judges_the_task() -> None:
+    model = _mlp()
+    by_name = {t["name"]: t for t in describe_techniques("cpu", _task(model))}
+    for name in ("distill", "finetune"):
+        assert by_name[name]["available"] is False
+        assert "train_data" in by_name[name]["reason"]
+    assert by_name["prune_structured"]["available"] is True
+    bare = nn.Sequential(nn.ReLU())
+    by_name = {t["name"]: t for t in describe_techniques("cpu", _task(bare))}
+    assert by_name["int8_dynamic"]["reason"] == "the model has no nn.Linear layer to quantize."
+    assert by_name["prune_structured"]["reason"].startswith("the model has no Linear→activation→Linear pair")
+
+
+def test_available_still_takes_the_device_alone() -> None:
+    for cls in registry().values():
+        cls(**cls.example).available("cpu")  # search.py calls it positionally, without a task
 
 
 def test_apply_leaves_the_original_model_untouched() -> None:
@@ -275,3 +366,18 @@ def test_apply_wraps_an_unexpected_failure_with_its_reason() -> None:
     model = _mlp()
     with pytest.raises(TechniqueError, match="broken failed on this model: RuntimeError: shape mismatch"):
         apply(model, Config(techniques=(Broken(),), batch_size=1), _task(model))
+
+
+@pytest.mark.parametrize(
+    ("name", "params"), [("lowrank", {"rank_ratio": 0.25}), ("int8_dynamic", {}), ("prune_structured", {"ratio": 0.5})]
+)
+def test_transformer_encoder_layers_run_after_their_linears_are_replaced(name: str, params: dict[str, float]) -> None:
+    torch.manual_seed(0)
+    # relu: the layer's fused inference kernel would read linear1.weight / linear2.weight directly
+    model = nn.TransformerEncoderLayer(32, 4, 64, batch_first=True, dropout=0.0).eval()
+    task = Task(name="enc", model=model, example_input=lambda b: torch.randn(b, 5, 32), evaluate=lambda m: 0.0)
+    technique = get_technique(name, params)
+    if technique.available("cpu") is not None:
+        pytest.skip(technique.available("cpu") or "")
+    compressed = apply(model, Config(techniques=(technique,), batch_size=2), task)
+    assert _forward(compressed, torch.randn(2, 5, 32)).shape == (2, 5, 32)

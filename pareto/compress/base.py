@@ -1,4 +1,4 @@
-"""The Technique contract and its registry.
+"""The Technique contract, its registry and the listing behind ``pareto techniques``.
 
 A technique is data (a frozen pydantic model of its parameters) plus one verb, ``apply``,
 in the spirit of ``quantize_(model, Config())``: easy to store, hash, compare and search over.
@@ -6,35 +6,56 @@ in the spirit of ``quantize_(model, Config())``: easy to store, hash, compare an
 
 from __future__ import annotations
 
+import types
+import typing
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+import annotated_types
 from pydantic import BaseModel, ConfigDict
+from pydantic.fields import FieldInfo
 
 from pareto.errors import UsageError
 
 if TYPE_CHECKING:
+    import torch
     from torch import nn
 
     from pareto.task import Task
 
-Family = Literal["distill", "prune", "lowrank", "quantize", "compile"]
+Family = Literal["distill", "prune", "lowrank", "finetune", "quantize", "compile"]
 
-#: The pipeline applies families in this order, whatever order a config lists them in.
-CANONICAL_ORDER: tuple[Family, ...] = ("distill", "prune", "lowrank", "quantize", "compile")
+#: The pipeline applies families in this order, whatever order a config lists them in: a student is
+#: distilled first, recovery fine-tuning follows pruning and low-rank, quantization comes after training.
+CANONICAL_ORDER: tuple[Family, ...] = ("distill", "prune", "lowrank", "finetune", "quantize", "compile")
 
 _REGISTRY: dict[str, type[Technique]] = {}
 
 
 class Technique(BaseModel):
-    """Base class: subclasses declare ``name``, ``family``, their parameters as fields, and ``apply``."""
+    """Base class: subclasses declare ``name``, ``family``, ``summary``, their parameters as fields, and ``apply``.
+
+    ``example`` holds representative values for parameters without a default, so that
+    ``describe_techniques`` can build every technique; defaults fill the rest.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: ClassVar[str]
     family: ClassVar[Family]
+    summary: ClassVar[str] = ""
+    example: ClassVar[dict[str, Any]] = {}
+    #: Rank within the family when several of its techniques are combined (then by name).
+    order_in_family: ClassVar[int] = 0
 
-    def available(self, device: str) -> str | None:
-        """Return why this technique cannot run on ``device`` ("cpu", "cuda:0"), or None if it can."""
+    def available(self, device: str, task: Task | None = None) -> str | None:
+        """Return why this technique cannot run on ``device`` ("cpu", "cuda:0") for ``task``, or None if it can.
+
+        Without a task only the device and the installed libraries are checked.
+        """
+        return None
+
+    def backend(self, device: str) -> str | None:
+        """The library whose kernels this technique would use on ``device`` (e.g. "torchao"), if it says."""
         return None
 
     def apply(self, model: nn.Module, task: Task) -> nn.Module:
@@ -42,11 +63,17 @@ class Technique(BaseModel):
         raise NotImplementedError
 
     def params(self) -> dict[str, Any]:
-        return self.model_dump()
+        """Parameters as stored and hashed; unset optional ones (None) are left out."""
+        return self.model_dump(exclude_none=True)
 
     def describe(self) -> str:
         args = ",".join(f"{k}={_fmt(v)}" for k, v in self.params().items())
         return f"{self.name}({args})" if args else self.name
+
+
+def canonical_key(technique: Technique | type[Technique]) -> tuple[int, int, str]:
+    """Sort key giving the order in which the pipeline applies techniques."""
+    return (CANONICAL_ORDER.index(technique.family), technique.order_in_family, technique.name)
 
 
 def register(cls: type[Technique]) -> type[Technique]:
@@ -82,7 +109,103 @@ def get_technique(name: str, params: dict[str, Any] | None = None) -> Technique:
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"]) or "parameters"
-        raise UsageError(f"Technique {name!r}: {where}: {err['msg']}.") from exc
+        message = err["msg"].removeprefix("Value error, ").rstrip(".")
+        raise UsageError(f"Technique {name!r}: {where}: {message}.") from exc
+
+
+def describe_techniques(device: str, task: Task | None = None) -> list[dict[str, Any]]:
+    """Every registered technique with its parameters and whether it can run on ``device`` for ``task``.
+
+    Each entry is ``{"name", "family", "summary", "parameters", "available", "reason", "backend"}``;
+    ``parameters`` maps each parameter to a short type/range text, ``backend`` names the library
+    whose kernels would run (None where the technique does not say or cannot run). Entries come in canonical
+    family order, then by name. Availability is judged on the technique built from its defaults
+    and ``example`` values.
+
+    Example::
+
+        >>> [t["name"] for t in describe_techniques("cpu") if t["family"] == "lowrank"]
+        ['lowrank']
+    """
+    techniques = sorted(registry().values(), key=canonical_key)
+    listing = []
+    for cls in techniques:
+        technique = cls(**cls.example)
+        reason = technique.available(device, task)
+        listing.append(
+            {
+                "name": cls.name,
+                "family": cls.family,
+                "summary": cls.summary,
+                "parameters": {name: _field_text(field) for name, field in cls.model_fields.items()},
+                "available": reason is None,
+                "reason": reason,
+                "backend": technique.backend(device) if reason is None else None,
+            }
+        )
+    return listing
+
+
+def cuda_capability(device: str) -> tuple[int, int] | None:
+    """Compute capability of the CUDA device ``device`` ("cuda", "cuda:N"); None for another device or none seen."""
+    import torch
+
+    if not device.startswith("cuda") or not torch.cuda.is_available():
+        return None
+    index = torch.device(device).index
+    if index is not None and index >= torch.cuda.device_count():
+        return None
+    return torch.cuda.get_device_capability(torch.cuda.current_device() if index is None else index)
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """The device of ``model``'s first parameter (or buffer); the CPU for a model with neither."""
+    import torch
+
+    first = next(iter(model.parameters()), None)
+    if first is None:
+        first = next(iter(model.buffers()), None)
+    return first.device if first is not None else torch.device("cpu")
+
+
+def _field_text(field: FieldInfo) -> str:
+    """``"float in (0, 1]"``, ``"int >= 1, default 200"``, ``"one of 'a', 'b'; default 'a'"``."""
+    annotation = field.annotation
+    optional = False
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and type(None) in args:
+        optional = True
+        rest = [a for a in args if a is not type(None)]
+        annotation = rest[0] if len(rest) == 1 else annotation
+    if typing.get_origin(annotation) is Literal:
+        text = "one of " + ", ".join(repr(v) for v in typing.get_args(annotation))
+    else:
+        text = getattr(annotation, "__name__", str(annotation)) + _bounds(field)
+    if optional:
+        text += " or null"
+    if not field.is_required():
+        text += f", default {field.default!r}" if field.default is not None else ", default null"
+    return text
+
+
+def _bounds(field: FieldInfo) -> str:
+    low = high = None
+    for meta in field.metadata:
+        if isinstance(meta, annotated_types.Gt):
+            low = f"({meta.gt}"
+        elif isinstance(meta, annotated_types.Ge):
+            low = f"[{meta.ge}"
+        elif isinstance(meta, annotated_types.Lt):
+            high = f"{meta.lt})"
+        elif isinstance(meta, annotated_types.Le):
+            high = f"{meta.le}]"
+    if low and high:
+        return f" in {low}, {high}"
+    if low:
+        return (" > " if low[0] == "(" else " >= ") + low[1:]
+    if high:
+        return (" < " if high[-1] == ")" else " <= ") + high[:-1]
+    return ""
 
 
 def _fmt(value: Any) -> str:

@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import nn
 from torch.nn.utils import skip_init
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from pareto.compress.base import Family, Technique, register
 from pareto.errors import TechniqueError
@@ -20,17 +21,35 @@ if TYPE_CHECKING:
 class LowRank(Technique):
     """Factor each ``nn.Linear(in, out)`` as ``Linear(in, r) -> Linear(r, out)``, ``W ≈ U_r S_r V_rᵀ``.
 
-    ``r = max(1, round(rank_ratio * min(in, out)))``; a layer is left alone when the two factors
-    would hold as many weights as the original (``r * (in + out) >= in * out``).
+    The rank comes from exactly one of two rules: ``rank_ratio`` gives
+    ``r = max(1, round(rank_ratio * min(in, out)))``; ``energy`` gives the smallest ``r`` whose top
+    singular values hold that fraction of ``sum(s**2)`` (so each layer gets the rank its spectrum
+    needs). A layer is left alone when the two factors would hold as many weights as the original
+    (``r * (in + out) >= in * out``).
 
     Args:
         rank_ratio: Kept rank as a fraction of each layer's full rank.
+        energy: Kept fraction of each layer's squared singular values (its Frobenius norm squared).
     """
 
     name: ClassVar[str] = "lowrank"
     family: ClassVar[Family] = "lowrank"
+    summary: ClassVar[str] = "truncated-SVD factorization of each Linear, where the two factors are smaller"
+    example: ClassVar[dict[str, float]] = {"rank_ratio": 0.25}
 
-    rank_ratio: float = Field(gt=0, le=1)
+    rank_ratio: float | None = Field(default=None, gt=0, le=1)
+    energy: float | None = Field(default=None, gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _one_rule(self) -> LowRank:
+        if (self.rank_ratio is None) == (self.energy is None):
+            raise ValueError("give exactly one of rank_ratio and energy")
+        return self
+
+    def available(self, device: str, task: Task | None = None) -> str | None:
+        if task is not None and not any(type(m) is nn.Linear for m in task.model.modules()):
+            return "the model has no nn.Linear layer to factorize."
+        return None
 
     def apply(self, model: nn.Module, task: Task) -> nn.Module:
         """Return ``model`` with its ``nn.Linear`` layers swapped for factor pairs where that is smaller.
@@ -46,8 +65,9 @@ class LowRank(Technique):
         factorized = 0
         for parent in list(model.modules()):
             for child_name, child in list(parent.named_children()):
-                # exact type: subclasses such as MultiheadAttention's out_proj are read as plain weights
-                if type(child) is not nn.Linear:
+                # exact type: subclasses such as MultiheadAttention's out_proj are read as plain weights;
+                # packed weights (2:4 sparse) are not factorized
+                if type(child) is not nn.Linear or is_traceable_wrapper_subclass(child.weight):
                     continue
                 factored = self._factorize(child)
                 if factored is not None:
@@ -61,10 +81,15 @@ class LowRank(Technique):
     def _factorize(self, linear: nn.Linear) -> nn.Sequential | None:
         """The factor pair replacing ``linear``, or None when it would not be smaller."""
         n_in, n_out = linear.in_features, linear.out_features
-        rank = max(1, round(self.rank_ratio * min(n_in, n_out)))
-        if rank * (n_in + n_out) >= n_in * n_out:
-            return None
+        if self.rank_ratio is not None:
+            rank = max(1, round(self.rank_ratio * min(n_in, n_out)))
+            if _not_smaller(rank, n_in, n_out):
+                return None  # decided before the SVD, which is the expensive part
         u, s, vh = torch.linalg.svd(linear.weight.float(), full_matrices=False)
+        if self.energy is not None:
+            rank = _rank_for_energy(s, self.energy)
+        if _not_smaller(rank, n_in, n_out):
+            return None
         # split the singular values evenly so both factors have the same scale
         root = s[:rank].sqrt()
         factory = {"device": linear.weight.device, "dtype": linear.weight.dtype}
@@ -77,7 +102,23 @@ class LowRank(Technique):
         return nn.Sequential(down, up)
 
     def _nothing_to_do(self) -> str:
+        rule = "rank ratio" if self.rank_ratio is not None else "energy"
         return (
-            f"{self.describe()}: no nn.Linear layer gets smaller at this rank ratio "
+            f"{self.describe()}: no nn.Linear layer gets smaller at this {rule} "
             "(the two factors would hold as many weights as the layer)."
         )
+
+
+def _not_smaller(rank: int, n_in: int, n_out: int) -> bool:
+    return rank * (n_in + n_out) >= n_in * n_out
+
+
+def _rank_for_energy(singular_values: torch.Tensor, energy: float) -> int:
+    """Smallest rank whose leading singular values hold ``energy`` of ``sum(s**2)`` (at least 1)."""
+    power = singular_values.double() ** 2
+    total = power.sum()
+    if total == 0:
+        return 1
+    kept = torch.cumsum(power, 0) / total
+    # the tolerance keeps energy=1.0 from asking for more than the full rank through rounding
+    return min(int((kept < energy - 1e-12).sum()) + 1, len(singular_values))

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from pareto.compress.base import CANONICAL_ORDER, Technique, get_technique
+from pareto.compress.base import Technique, canonical_key, get_technique
 from pareto.errors import TechniqueError
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ class Config(BaseModel):
         names = [t.name for t in value]
         if len(set(names)) != len(names):
             raise ValueError(f"a technique appears twice in {names}")
-        return tuple(sorted(value, key=lambda t: (CANONICAL_ORDER.index(t.family), t.name)))
+        return tuple(sorted(value, key=canonical_key))
 
     @property
     def is_baseline(self) -> bool:
@@ -59,20 +60,54 @@ class Config(BaseModel):
         return f"{body} @ batch {self.batch_size}"
 
 
-def apply(model: nn.Module, config: Config, task: Task) -> nn.Module:
+def apply(model: nn.Module, config: Config, task: Task, *, device: str | None = None) -> nn.Module:
     """Return a compressed copy of ``model``; the original is never modified.
+
+    Techniques see ``task`` with ``batch_size`` set to the configuration's (``compile`` warms up on it).
+
+    Args:
+        model: The uncompressed model.
+        config: The techniques, applied in canonical order, and the batch size.
+        task: The task the model belongs to (``train_data`` for distillation and fine-tuning).
+        device: Where to put the copy before the first technique ("cpu", "cuda:0"); None leaves it
+            where ``model`` is. CUDA-only techniques (``prune_2_4``, ``int4_weight_only``) need it.
 
     Raises:
         TechniqueError: a technique broke on this model (the reason is kept).
     """
     compressed = copy.deepcopy(model).eval()
+    if device is not None:
+        compressed = compressed.to(device)
+    served = dataclasses.replace(task, batch_size=config.batch_size)
     for technique in config.techniques:
         try:
-            compressed = technique.apply(compressed, task)
+            compressed = technique.apply(compressed, served)
         except TechniqueError:
             raise
         except Exception as exc:  # a model that breaks under a technique fails the trial, reason kept
             raise TechniqueError(
                 f"{technique.describe()} failed on this model: {type(exc).__name__}: {exc}"
             ) from exc
+        _route_around_fused_encoder_kernel(compressed)  # before the next technique (compile) sees it
     return compressed.eval()
+
+
+def _route_around_fused_encoder_kernel(model: nn.Module) -> None:
+    """Send ``nn.TransformerEncoderLayer`` through its modules once a technique has replaced its linears.
+
+    In eval mode the layer's fused fast path passes ``linear1.weight``, ``linear2.weight`` and the
+    attention's ``out_proj.weight`` straight to one kernel: a factor pair, a quantized module or a
+    packed weight there breaks it. Its regular path calls the modules and computes the same function.
+    """
+    from torch import nn
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    def plain(module: object) -> bool:
+        weight = getattr(module, "weight", None)
+        return isinstance(weight, nn.Parameter) and not is_traceable_wrapper_subclass(weight)
+
+    for layer in model.modules():
+        if isinstance(layer, nn.TransformerEncoderLayer) and not all(
+            plain(m) for m in (layer.linear1, layer.linear2, getattr(layer.self_attn, "out_proj", None))
+        ):
+            layer.activation_relu_or_gelu = 0  # the fast path's gate: the layer runs module by module

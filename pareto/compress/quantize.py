@@ -1,15 +1,28 @@
-"""Quantization family: int8 dynamic quantization of linear layers (CPU)."""
+"""Quantization family: int8 dynamic, int8 and int4 weight-only, fp16 and bf16.
+
+Integer quantization goes through torchao's ``quantize_`` where torchao is installed (the optional
+extra ``pareto-slo[torchao]``); without it, int8 dynamic falls back to PyTorch's deprecated eager
+``torch.ao.quantization.quantize_dynamic`` (CPU only) and the weight-only variants are unavailable.
+Within the family, names sort casts (bf16, fp16) before integer quantization, which is also the
+order that works: torchao's weight-only kernels run on bfloat16 models.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import importlib
+import importlib.util
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 from torch import nn
 
-from pareto.compress.base import Family, Technique, register
+from pareto.compress.base import Family, Technique, cuda_capability, register
+from pareto.compress.prune import semi_structured_linears, to_dense_weights, to_semi_structured_weights
 from pareto.errors import TechniqueError
 
 if TYPE_CHECKING:
@@ -17,6 +30,8 @@ if TYPE_CHECKING:
 
 #: Quantized engines that ship int8 dynamic linear kernels.
 _INT8_ENGINES = ("x86", "fbgemm", "qnnpack")
+
+TORCHAO_HINT = "needs torchao (pip install 'pareto-slo[torchao]')"
 
 
 def _quantize_dynamic() -> Callable[..., Any] | None:
@@ -32,39 +47,379 @@ def _quantize_dynamic() -> Callable[..., Any] | None:
     return quantize_dynamic
 
 
+@functools.cache
+def _torchao() -> tuple[ModuleType | None, str | None]:
+    """``(torchao.quantization, None)``, or ``(None, why not)`` when torchao is absent or broken."""
+    if importlib.util.find_spec("torchao") is None:
+        return None, TORCHAO_HINT
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            module = importlib.import_module("torchao.quantization")
+    except Exception as exc:  # a torchao built for another torch fails in many ways; keep its reason
+        return None, f"torchao is installed but does not import: {type(exc).__name__}: {exc}"
+    return module, None
+
+
+def _torchao_config(name: str, **kwargs: Any) -> Any:
+    """Build torchao's config class ``name``, or None when this torchao lacks it."""
+    ao, _ = _torchao()
+    cls = getattr(ao, name, None) if ao is not None else None
+    if cls is None:
+        return None
+    fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+    if "set_inductor_config" in fields:
+        # it would change torch._inductor's global config for every later trial of the process
+        kwargs["set_inductor_config"] = False
+    return cls(**{k: v for k, v in kwargs.items() if k in fields or not fields})
+
+
+def _torchao_reason(config_name: str) -> str | None:
+    """Why torchao's ``config_name`` cannot be used here, or None."""
+    ao, reason = _torchao()
+    if ao is None:
+        return reason
+    if getattr(ao, config_name, None) is None:
+        return f"the installed torchao has no {config_name}; upgrade it (pip install -U torchao)."
+    return None
+
+
+def _is_wrapper_tensor(tensor: torch.Tensor) -> bool:
+    """True for torchao's quantized weights and 2:4 sparse weights (tensor subclasses that wrap others)."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    return is_traceable_wrapper_subclass(tensor)
+
+
+def _float_linears(model: nn.Module) -> list[nn.Linear]:
+    """``nn.Linear`` layers whose weight is still a plain floating-point tensor."""
+    return [
+        m for m in model.modules()
+        if isinstance(m, nn.Linear) and m.weight.is_floating_point() and not _is_wrapper_tensor(m.weight)
+        # nn.MultiheadAttention's out_proj: its forward reads the weight as a plain tensor
+        and not isinstance(m, nn.modules.linear.NonDynamicallyQuantizableLinear)
+    ]
+
+
+def _has_linear(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.Linear) for m in model.modules())
+
+
+def _linears_to_quantize(technique: Technique, model: nn.Module) -> list[nn.Linear]:
+    """The float linears ``technique`` will quantize.
+
+    Raises:
+        TechniqueError: no linear layer at all, or every one already quantized or 2:4 sparse.
+    """
+    linears = _float_linears(model)
+    if linears:
+        return linears
+    if not _has_linear(model) and not _has_ao_quantized(model):
+        raise TechniqueError(f"{technique.describe()}: the model has no nn.Linear layer to quantize.")
+    raise TechniqueError(
+        f"{technique.describe()}: the model's linear layers are already quantized or 2:4 sparse; "
+        "use one integer quantization per configuration."
+    )
+
+
+def _has_ao_quantized(model: nn.Module) -> bool:
+    """True when eager ``torch.ao`` quantized modules (from ``quantize_dynamic``) are in ``model``."""
+    return any(type(m).__module__.startswith("torch.ao.nn.quantized") for m in model.modules())
+
+
+def _torchao_quantize(technique: Technique, model: nn.Module, config: Any, linears: list[nn.Linear]) -> nn.Module:
+    ao, _ = _torchao()
+    assert ao is not None  # available() was checked by the caller
+    if semi_structured_linears(model):
+        raise TechniqueError(
+            f"{technique.describe()}: torchao cannot quantize 2:4 sparse weights; drop prune_2_4 or this technique."
+        )
+    chosen = {id(m) for m in linears}
+    ao.quantize_(model, config, filter_fn=lambda module, _fqn: id(module) in chosen)
+    return model
+
+
 @register
 class Int8Dynamic(Technique):
     """Weights stored as int8, activations quantized on the fly per batch; every ``nn.Linear``.
 
     Cuts weight bytes by 4x, not FLOPs: it pays off where the linear layers are memory-bound.
+    Backend: torchao's ``Int8DynamicActivationInt8WeightConfig`` where torchao is installed (CPU
+    and CUDA), else PyTorch's eager ``quantize_dynamic`` (CPU only).
     """
 
     name: ClassVar[str] = "int8_dynamic"
     family: ClassVar[Family] = "quantize"
+    summary: ClassVar[str] = "int8 weights, activations quantized per batch on the fly, every nn.Linear"
 
-    def available(self, device: str) -> str | None:
+    def backend(self, device: str) -> str | None:
+        """``"torchao"``, ``"torch.ao"`` (eager, CPU) or None when neither can run on ``device``."""
+        if _torchao_reason("Int8DynamicActivationInt8WeightConfig") is None:
+            return "torchao"
+        if device.startswith("cpu") and self._eager_reason() is None:
+            return "torch.ao"
+        return None
+
+    def available(self, device: str, task: Task | None = None) -> str | None:
+        if task is not None and not _has_linear(task.model):
+            return "the model has no nn.Linear layer to quantize."
+        if self.backend(device) is not None:
+            return None
         if not device.startswith("cpu"):
-            return "int8 dynamic quantization runs on the CPU only."
+            return (
+                "int8 dynamic quantization runs on the CPU only without torchao; on CUDA it "
+                f"{TORCHAO_HINT}."
+            )
+        return self._eager_reason()
+
+    @staticmethod
+    def _eager_reason() -> str | None:
         if _quantize_dynamic() is None:
-            return f"torch {torch.__version__} has no torch.ao.quantization.quantize_dynamic."
+            return f"torch {torch.__version__} has no torch.ao.quantization.quantize_dynamic; it {TORCHAO_HINT}."
         engines = [e for e in _INT8_ENGINES if e in torch.backends.quantized.supported_engines]
         if not engines:
             return "this torch build has no quantized CPU engine (x86, fbgemm or qnnpack)."
         return None
 
     def apply(self, model: nn.Module, task: Task) -> nn.Module:
-        """Return ``model`` with every ``nn.Linear`` swapped for a dynamic int8 linear.
+        """Return ``model`` with every float ``nn.Linear`` quantized to int8 (dynamic activations).
 
         Raises:
-            TechniqueError: the model has no ``nn.Linear`` or the quantized kernels are missing.
+            TechniqueError: no ``nn.Linear`` to quantize, or no backend on the model's device.
         """
-        if not any(isinstance(m, nn.Linear) for m in model.modules()):
-            raise TechniqueError(f"{self.describe()}: the model has no nn.Linear layer to quantize.")
-        reason = self.available("cpu")
+        linears = _linears_to_quantize(self, model)
+        device = str(linears[0].weight.device)
+        backend = self.backend(device)
+        if backend is None:
+            raise TechniqueError(f"{self.describe()}: {self.available(device)}")
+        if backend == "torchao":
+            return _torchao_quantize(self, model, _torchao_config("Int8DynamicActivationInt8WeightConfig"), linears)
+        if any(m.weight.dtype != torch.float32 for m in linears):
+            raise TechniqueError(
+                f"{self.describe()}: PyTorch's eager int8 dynamic quantization needs float32 linear layers; "
+                f"with fp16 or bf16 it {TORCHAO_HINT}."
+            )
         quantize_dynamic = _quantize_dynamic()
-        if reason is not None or quantize_dynamic is None:
-            raise TechniqueError(f"{self.describe()}: {reason}")
+        assert quantize_dynamic is not None  # backend() checked it
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
             warnings.simplefilter("ignore", UserWarning)
             return quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=False)
+
+
+@register
+class Int8WeightOnly(Technique):
+    """Weights stored as int8 (per output channel), activations stay in floating point; torchao only.
+
+    Halves or quarters weight bytes with no activation quantization: a fit for memory-bound,
+    small-batch decoding. No hand-written fallback: without torchao it is unavailable.
+    """
+
+    name: ClassVar[str] = "int8_weight_only"
+    family: ClassVar[Family] = "quantize"
+    summary: ClassVar[str] = "int8 weights, floating-point activations, every nn.Linear (torchao)"
+
+    def backend(self, device: str) -> str | None:
+        return "torchao" if _torchao_reason("Int8WeightOnlyConfig") is None else None
+
+    def available(self, device: str, task: Task | None = None) -> str | None:
+        if task is not None and not _has_linear(task.model):
+            return "the model has no nn.Linear layer to quantize."
+        return _torchao_reason("Int8WeightOnlyConfig")
+
+    def apply(self, model: nn.Module, task: Task) -> nn.Module:
+        """Return ``model`` with every float ``nn.Linear`` weight replaced by torchao's int8 tensor.
+
+        Raises:
+            TechniqueError: torchao missing, or no ``nn.Linear`` to quantize.
+        """
+        reason = _torchao_reason("Int8WeightOnlyConfig")
+        if reason is not None:
+            raise TechniqueError(f"{self.describe()}: {reason}")
+        linears = _linears_to_quantize(self, model)
+        return _torchao_quantize(self, model, _torchao_config("Int8WeightOnlyConfig"), linears)
+
+
+@register
+class Int4WeightOnly(Technique):
+    """Weights as int4 in groups of ``group_size`` input features (tinygemm kernels), bfloat16 compute.
+
+    CUDA only (compute capability 8.0 or newer) and torchao only. The model is cast to bfloat16
+    first (as ``bf16`` does) unless it already is; layers whose input width is not a multiple of
+    ``group_size`` are left alone.
+
+    Args:
+        group_size: Input features sharing one scale and zero point.
+    """
+
+    name: ClassVar[str] = "int4_weight_only"
+    family: ClassVar[Family] = "quantize"
+    summary: ClassVar[str] = "int4 grouped weights, bfloat16 activations, nn.Linear (torchao, CUDA)"
+
+    group_size: Literal[32, 64, 128, 256] = 128
+
+    def backend(self, device: str) -> str | None:
+        return "torchao" if self.available(device) is None else None
+
+    def available(self, device: str, task: Task | None = None) -> str | None:
+        if not device.startswith("cuda"):
+            return (
+                "int4 weight-only kernels need a CUDA GPU of compute capability 8.0 or newer; "
+                f"this device is {device}."
+            )
+        reason = _torchao_reason("Int4WeightOnlyConfig")
+        if reason is not None:
+            return reason
+        capability = cuda_capability(device)
+        if capability is None:
+            return f"torch sees no CUDA device {device!r}."
+        if capability < (8, 0):
+            major, minor = capability
+            return f"int4 weight-only kernels need compute capability 8.0 or newer; {device} has {major}.{minor}."
+        if task is not None and not _has_linear(task.model):
+            return "the model has no nn.Linear layer to quantize."
+        return None
+
+    def apply(self, model: nn.Module, task: Task) -> nn.Module:
+        """Return ``model`` in bfloat16 with eligible ``nn.Linear`` weights as torchao int4 tensors.
+
+        Raises:
+            TechniqueError: not on a capable CUDA device, torchao missing, the model cast to fp16,
+                or no linear layer whose input width is a multiple of ``group_size``.
+        """
+        linears = _linears_to_quantize(self, model)
+        device = str(linears[0].weight.device)
+        reason = self.available(device)
+        if reason is not None:
+            raise TechniqueError(
+                f"{self.describe()}: {reason} (the pipeline moves the model to the device given to apply)"
+            )
+        if isinstance(model, HalfPrecision):
+            if model.dtype != torch.bfloat16:
+                raise TechniqueError(
+                    f"{self.describe()}: int4 kernels compute in bfloat16; combine it with bf16, not fp16."
+                )
+        else:
+            model = _cast(model, torch.bfloat16, self)
+        eligible = [m for m in _float_linears(model) if m.in_features % self.group_size == 0]
+        if not eligible:
+            raise TechniqueError(
+                f"{self.describe()}: no nn.Linear has an input width that is a multiple of {self.group_size}."
+            )
+        ao, _ = _torchao()
+        assert ao is not None
+        packing = getattr(getattr(ao, "Int4PackingFormat", None), "TILE_PACKED_TO_4D", None)
+        # tile_packed_to_4d is tinygemm's layout, whose kernel ships with PyTorch itself
+        extra = {"int4_packing_format": packing} if packing is not None else {}
+        config = _torchao_config("Int4WeightOnlyConfig", group_size=self.group_size, **extra)
+        return _torchao_quantize(self, model, config, eligible)
+
+
+class HalfPrecision(nn.Module):
+    """Run ``module`` in ``dtype``: floating inputs are cast to it, floating outputs back to float32.
+
+    The wrapper keeps a half-precision model a drop-in replacement: the task's ``example_input``
+    and ``evaluate`` go on feeding and reading float32 tensors.
+    """
+
+    def __init__(self, module: nn.Module, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.module = module
+        self.dtype = dtype
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        out = self.module(*_cast_floats(args, self.dtype), **_cast_floats(kwargs, self.dtype))
+        return _cast_floats(out, torch.float32)
+
+
+def _cast_floats(obj: Any, dtype: torch.dtype) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.to(dtype) if obj.is_floating_point() else obj
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # named tuples keep their type
+        return type(obj)(*(_cast_floats(v, dtype) for v in obj))
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_cast_floats(v, dtype) for v in obj)
+    if isinstance(obj, dict):
+        return {k: _cast_floats(v, dtype) for k, v in obj.items()}
+    return obj
+
+
+@functools.cache
+def _half_matmul_reason(dtype: torch.dtype) -> str | None:
+    """Why a ``dtype`` Linear does not run on this CPU, or None (checked once per process)."""
+    try:
+        with torch.inference_mode():
+            nn.Linear(8, 8, dtype=dtype)(torch.ones(2, 8, dtype=dtype))
+    except RuntimeError as exc:
+        return f"this torch build has no {dtype} linear kernel on the CPU: {exc}"
+    return None
+
+
+def _cast(model: nn.Module, dtype: torch.dtype, technique: Technique) -> HalfPrecision:
+    """``model`` with its floating-point parameters and buffers in ``dtype``, wrapped in ``HalfPrecision``.
+
+    Raises:
+        TechniqueError: already cast, or no floating-point parameter.
+    """
+    if any(isinstance(m, HalfPrecision) for m in model.modules()):
+        raise TechniqueError(f"{technique.describe()}: the model is already cast; use one of fp16 and bf16.")
+    if _has_ao_quantized(model):
+        raise TechniqueError(f"{technique.describe()}: cast before integer quantization, not after.")
+    if not any(p.is_floating_point() for p in model.parameters()):
+        raise TechniqueError(f"{technique.describe()}: the model has no floating-point parameter to cast.")
+    sparse = semi_structured_linears(model)
+    to_dense_weights(sparse)  # 2:4 sparse weights are cast through dense form and packed again
+    model = model.to(dtype)
+    to_semi_structured_weights(sparse)
+    return HalfPrecision(model, dtype)
+
+
+class _HalfCast(Technique):
+    """Shared body of ``fp16`` and ``bf16``."""
+
+    dtype: ClassVar[torch.dtype]
+
+    def available(self, device: str, task: Task | None = None) -> str | None:
+        if task is not None and not any(p.is_floating_point() for p in task.model.parameters()):
+            return "the model has no floating-point parameter to cast."
+        if device.startswith("cpu"):
+            return _half_matmul_reason(self.dtype)
+        if self.dtype == torch.bfloat16:
+            capability = cuda_capability(device)
+            if capability is not None and capability < (8, 0):
+                return f"bfloat16 needs compute capability 8.0 or newer; {device} has {capability[0]}.{capability[1]}."
+        return None
+
+    def apply(self, model: nn.Module, task: Task) -> nn.Module:
+        """Return ``model`` cast to half precision, wrapped so inputs and outputs stay float32.
+
+        Raises:
+            TechniqueError: already cast, or no floating-point parameter.
+        """
+        return _cast(model, self.dtype, self)
+
+
+@register
+class Fp16(_HalfCast):
+    """Parameters and activations in float16 (IEEE half: 5 exponent bits, range to 65504).
+
+    Halves every floating-point byte; on GPUs with tensor cores it also runs the math faster.
+    """
+
+    name: ClassVar[str] = "fp16"
+    family: ClassVar[Family] = "quantize"
+    summary: ClassVar[str] = "parameters and activations in float16; inputs and outputs stay float32"
+    dtype: ClassVar[torch.dtype] = torch.float16
+
+
+@register
+class Bf16(_HalfCast):
+    """Parameters and activations in bfloat16 (float32's range, 8 bits of mantissa).
+
+    Halves every floating-point byte; overflow-safe where fp16 is not, at lower precision.
+    """
+
+    name: ClassVar[str] = "bf16"
+    family: ClassVar[Family] = "quantize"
+    summary: ClassVar[str] = "parameters and activations in bfloat16; inputs and outputs stay float32"
+    dtype: ClassVar[torch.dtype] = torch.bfloat16

@@ -1,0 +1,40 @@
+"""torch.compile as a technique: compiled on the example input, compile time kept apart."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from pareto.compress import Config, apply
+from pareto.compress.compile import Compile
+from pareto.task import Task
+
+
+def test_compile_modes_are_torchs_own() -> None:
+    from typing import get_args
+
+    from torch._inductor import list_mode_options
+
+    from pareto.compress.compile import CompileMode
+
+    assert set(get_args(CompileMode)) <= set(list_mode_options())
+
+
+@pytest.mark.skipif(Compile().available("cpu") is not None, reason=str(Compile().available("cpu")))
+def test_compile_compiles_on_the_example_input_and_records_the_time() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).eval()
+    seen: list[int] = []
+
+    def example_input(batch_size: int) -> torch.Tensor:
+        seen.append(batch_size)
+        return torch.randn(batch_size, 8)
+
+    task = Task(name="tiny", model=model, example_input=example_input, evaluate=lambda m: 0.0, batch_size=2)
+    compiled = apply(model, Config(techniques=(Compile(),), batch_size=3), task)
+    assert seen == [3]  # the configuration's batch size, not the task's
+    assert isinstance(compiled.pareto_compile_s, float) and compiled.pareto_compile_s > 0
+    x = torch.randn(3, 8)
+    with torch.inference_mode():
+        torch.testing.assert_close(compiled(x), model(x))

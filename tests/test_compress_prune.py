@@ -1,0 +1,205 @@
+"""Structured pruning of conv channels, transformer FFN width and attention heads; 2:4 sparsity."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from pareto.compress import Config, apply
+from pareto.compress.prune import MultiHeadSelfAttention, StructuredPrune, TwoFourPrune, two_four_mask
+from pareto.errors import TechniqueError
+from pareto.task import Task
+
+
+def _task(model: nn.Module, shape: tuple[int, ...] = (16,)) -> Task:
+    return Task(name="tiny", model=model, example_input=lambda b: torch.randn(b, *shape), evaluate=lambda m: 0.0)
+
+
+def _forward(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    with torch.inference_mode():
+        return model.eval()(x)
+
+
+def _n_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+# --- convolutions ---------------------------------------------------------------------------------
+
+
+def _cnn() -> nn.Sequential:
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2),
+        nn.Flatten(), nn.Linear(32 * 4, 10),
+    )
+    model.train()
+    with torch.no_grad():  # give the batch norm real statistics
+        model(torch.randn(8, 3, 8, 8))
+    return model.eval()
+
+
+def test_structured_prune_removes_conv_channels_through_batchnorm_pooling_and_flatten() -> None:
+    model = _cnn()
+    pruned = StructuredPrune(ratio=0.5).apply(copy.deepcopy(model), _task(model, (3, 8, 8)))
+    assert (pruned[0].out_channels, pruned[1].num_features, pruned[4].in_channels) == (8, 8, 8)
+    assert (pruned[4].out_channels, pruned[8].in_features) == (16, 16 * 4)
+    assert _forward(pruned, torch.randn(2, 3, 8, 8)).shape == (2, 10)
+    assert _n_params(pruned) < _n_params(model) / 2
+
+
+def test_conv_channel_removal_equals_zeroing_the_channel() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 5, 1)).eval()
+    with torch.no_grad():
+        model[0].weight[[0, 3]] *= 1e-3  # channels 0 and 3 carry almost nothing
+    pruned = StructuredPrune(ratio=0.5).apply(copy.deepcopy(model), _task(model, (3, 6, 6)))
+    torch.testing.assert_close(pruned[0].weight, model[0].weight[[1, 2]])
+    torch.testing.assert_close(pruned[2].weight, model[2].weight[:, [1, 2]])
+    reference = copy.deepcopy(model)
+    with torch.no_grad():
+        reference[0].weight[[0, 3]] = 0
+        reference[0].bias[[0, 3]] = 0
+    x = torch.randn(2, 3, 6, 6)
+    torch.testing.assert_close(_forward(pruned, x), _forward(reference, x))
+
+
+def test_grouped_convolutions_are_left_alone() -> None:
+    model = nn.Sequential(nn.Conv2d(4, 4, 3, groups=4), nn.ReLU(), nn.Conv2d(4, 4, 1))
+    with pytest.raises(TechniqueError, match="no Conv2d→Conv2d channel pair"):
+        StructuredPrune(ratio=0.5).apply(model, _task(model, (4, 6, 6)))
+
+
+# --- transformers ---------------------------------------------------------------------------------
+
+
+def test_structured_prune_narrows_the_transformer_feed_forward() -> None:
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 4, dim_feedforward=64, batch_first=True, dropout=0.0)
+    model = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False).eval()
+    pruned = StructuredPrune(ratio=0.75).apply(copy.deepcopy(model), _task(model, (5, 16)))
+    for block in pruned.layers:
+        assert (block.linear1.out_features, block.linear2.in_features) == (16, 16)
+        assert block.self_attn.num_heads == 4  # nn.MultiheadAttention is not head-pruned
+    x = torch.randn(3, 5, 16)
+    assert _forward(pruned, x).shape == (3, 5, 16)
+    with torch.no_grad():  # the fused inference fast path and the plain path agree
+        assert pruned.train()(x).shape == (3, 5, 16)
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = MultiHeadSelfAttention(32, 4)
+        self.ffn = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(x)
+        return x + self.ffn(x)
+
+
+def test_structured_prune_removes_attention_heads_and_ffn_units() -> None:
+    torch.manual_seed(0)
+    model = _Block().eval()
+    with torch.no_grad():  # head 2's value and output weights are tiny: it goes first
+        model.attn.v_proj.weight[16:24] *= 1e-3
+    pruned = StructuredPrune(ratio=0.25).apply(copy.deepcopy(model), _task(model, (7, 32)))
+    attn = pruned.attn
+    assert attn.num_heads == 3
+    assert (attn.q_proj.out_features, attn.k_proj.out_features, attn.v_proj.out_features) == (24, 24, 24)
+    assert (attn.out_proj.in_features, attn.out_proj.out_features) == (24, 32)
+    kept = [*range(0, 16), *range(24, 32)]
+    torch.testing.assert_close(attn.q_proj.weight, model.attn.q_proj.weight[kept])
+    torch.testing.assert_close(attn.out_proj.weight, model.attn.out_proj.weight[:, kept])
+    assert pruned.ffn[0].out_features == 48
+    x = torch.randn(2, 7, 32)
+    assert _forward(pruned, x).shape == (2, 7, 32)
+    # dropping a head equals zeroing its value rows (its attention output is then zero)
+    reference = copy.deepcopy(model)
+    reference.ffn = pruned.ffn
+    with torch.no_grad():
+        reference.attn.v_proj.weight[16:24] = 0
+        reference.attn.v_proj.bias[16:24] = 0
+    torch.testing.assert_close(_forward(pruned, x), _forward(reference, x), rtol=1e-4, atol=1e-5)
+
+
+def test_multi_head_self_attention_matches_torch() -> None:
+    torch.manual_seed(0)
+    ours = MultiHeadSelfAttention(16, 4).eval()
+    theirs = nn.MultiheadAttention(16, 4, batch_first=True).eval()
+    with torch.no_grad():
+        theirs.in_proj_weight.copy_(torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight]))
+        theirs.in_proj_bias.copy_(torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]))
+        theirs.out_proj.weight.copy_(ours.out_proj.weight)
+        theirs.out_proj.bias.copy_(ours.out_proj.bias)
+    x = torch.randn(2, 5, 16)
+    with torch.inference_mode():
+        torch.testing.assert_close(ours(x), theirs(x, x, x, need_weights=False)[0], rtol=1e-4, atol=1e-5)
+
+
+def test_structured_prune_on_a_model_it_cannot_act_on_says_what_it_supports() -> None:
+    model = nn.MultiheadAttention(16, 4)
+    task = _task(model)
+    reason = StructuredPrune(ratio=0.5).available("cpu", task)
+    assert reason is not None and "q/k/v/out attention module" in reason
+    with pytest.raises(TechniqueError, match="no transformer feed-forward layer"):
+        StructuredPrune(ratio=0.5).apply(model, task)
+
+
+# --- 2:4 semi-structured sparsity ------------------------------------------------------------------
+
+
+def test_two_four_mask_keeps_exactly_the_two_largest_of_every_four() -> None:
+    torch.manual_seed(0)
+    weight = torch.randn(6, 16)
+    mask = two_four_mask(weight)
+    groups = mask.reshape(6, 4, 4)
+    assert (groups.sum(dim=-1) == 2).all()
+    magnitude = weight.abs().reshape(6, 4, 4)
+    kept_min = magnitude.masked_fill(~groups, float("inf")).min(dim=-1).values
+    dropped_max = magnitude.masked_fill(groups, -1).max(dim=-1).values
+    assert (kept_min >= dropped_max).all()
+    assert (two_four_mask(torch.zeros(2, 8)).reshape(2, 2, 4).sum(-1) == 2).all()  # ties still give 2
+
+
+def test_two_four_mask_needs_columns_in_fours() -> None:
+    with pytest.raises(ValueError, match="multiple of 4"):
+        two_four_mask(torch.randn(4, 6))
+
+
+def test_two_four_is_unavailable_without_a_recent_cuda_gpu() -> None:
+    reason = TwoFourPrune().available("cpu")
+    assert reason is not None
+    assert reason.startswith("2:4 sparse kernels need a CUDA GPU of compute capability 8.0 or newer (A100, H100…)")
+    model = nn.Sequential(nn.Linear(64, 32))
+    with pytest.raises(TechniqueError, match="2:4 sparse kernels need a CUDA GPU"):
+        TwoFourPrune().apply(model, _task(model, (64,)))
+    small = nn.Sequential(nn.Linear(6, 3))
+    with pytest.raises(TechniqueError, match="no nn.Linear whose shape the 2:4 kernels take"):
+        TwoFourPrune().apply(small, _task(small, (6,)))
+
+
+_SM80 = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 0)
+
+
+@pytest.mark.skipif(not _SM80, reason="2:4 sparse kernels need a CUDA GPU of compute capability 8.0 or newer")
+@pytest.mark.parametrize("cast", [[], ["fp16"]], ids=["fp32", "fp16"])
+def test_two_four_packs_linear_weights_on_cuda(cast: list[str]) -> None:
+    from pareto.compress import get_technique
+    from pareto.compress.prune import semi_structured_linears
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 32)).eval()
+    techniques = (TwoFourPrune(), *(get_technique(name) for name in cast))
+    sparse = apply(model, Config(techniques=techniques, batch_size=8), _task(model, (128,)), device="cuda")
+    assert len(semi_structured_linears(sparse)) == 2
+    x = torch.randn(8, 128, device="cuda")
+    reference = copy.deepcopy(model).cuda()
+    with torch.no_grad():
+        for layer in (reference[0], reference[2]):
+            layer.weight.mul_(two_four_mask(layer.weight))
+    torch.testing.assert_close(_forward(sparse, x), _forward(reference, x), rtol=2e-2, atol=2e-2)

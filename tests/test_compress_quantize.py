@@ -1,0 +1,144 @@
+"""Quantization techniques: fp16/bf16 casts, torchao weight-only variants and their availability."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+
+import pytest
+import torch
+from torch import nn
+
+from pareto.compress import Config, apply, get_technique, quantize
+from pareto.compress.quantize import Bf16, Fp16, HalfPrecision, Int4WeightOnly, Int8Dynamic, Int8WeightOnly
+from pareto.errors import TechniqueError
+from pareto.measure.memory import params_bytes
+from pareto.task import Task
+
+HAS_TORCHAO = importlib.util.find_spec("torchao") is not None
+
+
+def _mlp() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.BatchNorm1d(64), nn.Linear(64, 8)).eval()
+
+
+def _task(model: nn.Module) -> Task:
+    return Task(name="tiny", model=model, example_input=lambda b: torch.randn(b, 16), evaluate=lambda m: 0.0)
+
+
+def _forward(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    with torch.inference_mode():
+        return model.eval()(x)
+
+
+@pytest.fixture
+def no_torchao(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(quantize, "_torchao", lambda: (None, quantize.TORCHAO_HINT))
+
+
+@pytest.mark.parametrize(("technique", "dtype"), [(Fp16(), torch.float16), (Bf16(), torch.bfloat16)])
+def test_half_casts_parameters_and_keeps_float32_in_and_out(technique: Fp16 | Bf16, dtype: torch.dtype) -> None:
+    model = _mlp()
+    assert technique.available("cpu") is None  # both run on the CPU in this torch
+    half = apply(model, Config(techniques=(technique,), batch_size=4), _task(model))
+    assert isinstance(half, HalfPrecision)
+    assert {p.dtype for p in half.parameters()} == {dtype}
+    assert half.module[2].running_mean.dtype == dtype
+    x = torch.randn(32, 16)
+    out = _forward(half, x)
+    assert out.dtype == torch.float32 and out.shape == (32, 8)
+    reference = _forward(model, x)
+    tolerance = 0.02 if dtype == torch.float16 else 0.1
+    assert (out - reference).abs().max() < tolerance * reference.abs().max()
+    assert params_bytes(half) * 2 == params_bytes(model) + 8  # the int64 num_batches_tracked stays 8 bytes
+
+
+def test_half_casts_nested_inputs_and_outputs_but_not_integers() -> None:
+    class TwoInputs(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(10, 4)
+            self.linear = nn.Linear(4, 4)
+
+        def forward(self, ids: torch.Tensor, extra: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+            assert extra["scale"].dtype == torch.bfloat16
+            return self.linear(self.embed(ids)) * extra["scale"], ids
+
+    model = TwoInputs()
+    half = Bf16().apply(copy.deepcopy(model), _task(model))
+    ids = torch.tensor([[1, 2, 3]])
+    out, same_ids = half(ids, {"scale": torch.ones(1)})
+    assert out.dtype == torch.float32 and same_ids.dtype == torch.int64
+
+
+def test_two_casts_in_one_configuration_fail_the_trial() -> None:
+    model = _mlp()
+    with pytest.raises(TechniqueError, match="already cast; use one of fp16 and bf16"):
+        apply(model, Config(techniques=(Fp16(), Bf16()), batch_size=1), _task(model))
+
+
+def test_half_without_float_parameters_raises() -> None:
+    model = nn.Sequential(nn.ReLU())
+    with pytest.raises(TechniqueError, match="no floating-point parameter"):
+        Fp16().apply(model, _task(model))
+    assert Fp16().available("cpu", _task(model)) == "the model has no floating-point parameter to cast."
+
+
+@pytest.mark.skipif(Int8Dynamic().available("cpu") is not None, reason="no int8 backend on this CPU")
+def test_eager_int8_dynamic_refuses_a_half_model(no_torchao: None) -> None:
+    model = _mlp()
+    with pytest.raises(TechniqueError, match="needs float32 linear layers"):
+        apply(model, Config(techniques=(Fp16(), Int8Dynamic()), batch_size=1), _task(model))
+
+
+def test_weight_only_variants_need_torchao(no_torchao: None) -> None:
+    assert Int8WeightOnly().available("cpu") == "needs torchao (pip install 'pareto-slo[torchao]')"
+    assert Int8WeightOnly().backend("cpu") is None
+    model = _mlp()
+    with pytest.raises(TechniqueError, match=r"int8_weight_only: needs torchao"):
+        Int8WeightOnly().apply(model, _task(model))
+    assert Int4WeightOnly().available("cuda:0") == "needs torchao (pip install 'pareto-slo[torchao]')"
+
+
+def test_int4_is_cuda_only() -> None:
+    reason = Int4WeightOnly().available("cpu")
+    assert reason == "int4 weight-only kernels need a CUDA GPU of compute capability 8.0 or newer; this device is cpu."
+    model = _mlp()
+    with pytest.raises(TechniqueError, match="need a CUDA GPU"):
+        Int4WeightOnly().apply(model, _task(model))
+
+
+def test_integer_quantization_needs_a_linear_layer() -> None:
+    model = nn.Sequential(nn.Conv2d(3, 4, 3))
+    for technique in (Int8Dynamic(), Int8WeightOnly()):
+        assert technique.available("cpu", _task(model)) == "the model has no nn.Linear layer to quantize."
+
+
+@pytest.mark.skipif(not HAS_TORCHAO, reason="torchao is an optional extra and is not installed")
+@pytest.mark.parametrize("name", ["int8_dynamic", "int8_weight_only"])
+def test_torchao_int8_on_the_cpu(name: str) -> None:
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    technique = get_technique(name)
+    assert technique.available("cpu") is None and technique.backend("cpu") == "torchao"
+    model = _mlp()
+    quantized = apply(model, Config(techniques=(technique,), batch_size=4), _task(model))
+    linears = [m for m in quantized.modules() if isinstance(m, nn.Linear)]
+    assert linears and all(is_traceable_wrapper_subclass(m.weight) for m in linears)
+    x = torch.randn(32, 16)
+    reference = _forward(model, x)
+    assert (_forward(quantized, x) - reference).abs().max() < 0.05 * reference.abs().max()
+    with pytest.raises(TechniqueError, match="already quantized"):
+        technique.apply(quantized, _task(model))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not HAS_TORCHAO, reason="int4 needs CUDA and torchao")
+def test_int4_on_cuda() -> None:
+    if Int4WeightOnly().available("cuda") is not None:
+        pytest.skip(Int4WeightOnly().available("cuda") or "")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 128)).eval()
+    quantized = apply(model, Config(techniques=(Int4WeightOnly(),), batch_size=4), _task(model), device="cuda")
+    x = torch.randn(4, 256, device="cuda")
+    assert _forward(quantized, x).shape == (4, 128)
