@@ -196,6 +196,120 @@ def studies(db: str | None, as_json: bool) -> None:
     out.print(table)
 
 
+@cli.command()
+@click.option("--task", default="demo", show_default=True, help="Built-in task name or package.module:factory.")
+@click.option("--technique", "techniques", multiple=True, metavar="NAME[:key=value,…]",
+              help="A technique to apply, repeatable, e.g. prune_structured:ratio=0.5.")
+@click.option("--batch-size", type=click.IntRange(min=1), help="Batch size [default: the task's].")
+@click.option("--slo-p99", type=DURATION, help="Judge the P99 against this bound, e.g. 7ms.")
+@click.option("--hardware", default="auto", show_default=True, help="Roofline profile, host, auto or none.")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@click.option("--threads", type=click.IntRange(min=1), help="Intra-op threads while timing.")
+@click.option("--samples", type=click.IntRange(min=1), default=662, show_default=True, help="Timed calls.")
+@click.option("--warmup", type=click.IntRange(min=0), default=50, show_default=True, help="Warm-up calls.")
+@click.option("--sweep", is_flag=True, help="Also measure the throughput curve over a batch sweep.")
+@db_option
+@json_option
+def measure(task: str, techniques: tuple[str, ...], batch_size: int | None, slo_p99: str | None, hardware: str,
+            device: str, threads: int | None, samples: int, warmup: int, sweep: bool, db: str | None,
+            as_json: bool) -> None:
+    """Measure one configuration on all four axes, beside the uncompressed model, outside any study."""
+    from pareto.api import measure as run
+
+    card = run(task, techniques=techniques, batch_size=batch_size, slo_p99=slo_p99,
+               hardware=None if hardware.lower() == "none" else hardware, device=device, threads=threads,
+               samples=samples, warmup=warmup, sweep=sweep, db=db)
+    notes = card.pop("notes")
+    if as_json:
+        _print_json(card)
+        return
+    from pareto.report import measure_card
+
+    out.print(measure_card(card))
+    for note in notes:
+        err.print(note)
+
+
+@cli.command()
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@click.option("--threads", type=click.IntRange(min=1), help="Intra-op threads [default torch's].")
+@click.option("--seconds", type=click.FloatRange(min=0.5, max=600), default=5.0, show_default=True,
+              help="Time budget for the measurements.")
+@db_option
+@json_option
+def calibrate(device: str, threads: int | None, seconds: float, db: str | None, as_json: bool) -> None:
+    """Measure this machine's peak FLOP/s per dtype and memory bandwidth; store them as its profile."""
+    from pareto.api import calibrate as run
+
+    profile = run(device=device, threads=threads, seconds=seconds, db=db)
+    if as_json:
+        _print_json(profile)
+        return
+    from pareto.report import profile_table
+
+    out.print(profile_table([profile], title=f"Calibrated: {profile['description']}"))
+    out.print(f"method: {profile['method']}", markup=False)
+    out.print("Stored; searches on this machine use it for the roofline (--hardware auto or host).")
+
+
+@cli.command()
+@click.option("--task", default="demo", show_default=True, help="Built-in task name or package.module:factory.")
+@click.option("--hardware", default="auto", show_default=True, help="Profile name (see `pareto hardware`), host or auto.")
+@click.option("--batch-size", type=click.IntRange(min=1), help="Batch size [default: the task's].")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@db_option
+@json_option
+def roofline(task: str, hardware: str, batch_size: int | None, device: str, db: str | None, as_json: bool) -> None:
+    """Where each layer type of a model sits on the roofline, to predict which techniques can pay off."""
+    from pareto.api import roofline as run
+
+    result = run(task, hardware=hardware, batch_size=batch_size, device=device, db=db)
+    if as_json:
+        _print_json(result)
+        return
+    from pareto.report import roofline_table
+
+    out.print(roofline_table(result))
+
+
+@cli.command()
+@json_option
+def hardware(as_json: bool) -> None:
+    """The datasheet hardware profiles (peak FLOP/s per dtype, bandwidth, ridge point)."""
+    from pareto.api import hardware as run
+
+    profiles = run()
+    if as_json:
+        _print_json(profiles)
+        return
+    from pareto.report import profile_table
+
+    out.print(profile_table(profiles, title="Hardware profiles (configs/hardware; dense peaks)"))
+
+
+@cli.command()
+@click.option("--device", default="auto", show_default=True, help="Judge availability on this device.")
+@click.option("--task", help="Also judge availability for this task (train_data, layers).")
+@json_option
+def techniques(device: str, task: str | None, as_json: bool) -> None:
+    """Every compression technique, its parameters, and whether it can run here (and if not, why)."""
+    from pareto.api import techniques as run
+
+    listing = run(device=device, task=task)
+    if as_json:
+        _print_json(listing)
+        return
+    table = Table(title="Techniques (applied in this order: distill → prune → lowrank → finetune → quantize → compile)",
+                  title_justify="left")
+    for column in ("name", "family", "parameters", "available", "what it does / why not"):
+        table.add_column(column, overflow="fold")
+    for t in listing:
+        params = "\n".join(f"{k}: {v}" for k, v in t["parameters"].items()) or "—"
+        table.add_row(t["name"], t["family"], params, "[green]yes[/]" if t["available"] else "[red]no[/]",
+                      t["summary"] if t["available"] else t["reason"])
+    out.print(table)
+
+
 @cli.group()
 def db() -> None:
     """Database maintenance."""

@@ -90,6 +90,7 @@ def best_card(pick: dict[str, Any]) -> Panel:
     grid.add_row("p99 / p50", f"{m['p99_p50_ratio']:.2f}")
     grid.add_row("throughput", f"{m['throughput_per_s']:,.0f} samples/s at batch {m['batch_size']}")
     grid.add_row("parameters", f"{format_bytes(m['params_bytes'])} stored, {format_bytes(m['theoretical_bytes'])} ideal")
+    axes_rows(grid, m)
     grid.add_row(
         "compression / speedup",
         f"{_ratio(m.get('compression_ratio'))} theoretical size,  {_ratio(m.get('speedup_p50'))} p50,  "
@@ -211,3 +212,110 @@ class ProgressReporter:
 def _clock(seconds: float) -> str:
     seconds = int(round(seconds))
     return f"{seconds // 60}:{seconds % 60:02d}"
+
+
+def _flops(value: float | None) -> str:
+    if value is None:
+        return "—"
+    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.2f} {unit}"
+    return f"{value:.0f} "
+
+
+def axes_rows(grid: Table, m: dict[str, Any]) -> None:
+    """The memory, compute and roofline lines shared by the best and measure cards."""
+    if m.get("memory_bytes") is not None:
+        grid.add_row(
+            "memory",
+            f"{format_bytes(m['memory_bytes'])} = params {format_bytes(m['params_bytes'])} + activations "
+            f"{format_bytes(m.get('activation_bytes'))} + KV cache {format_bytes(m.get('kv_cache_bytes'))} "
+            "+ optimizer 0 B (inference)",
+        )
+    if m.get("flops") is not None:
+        intensity = m.get("arithmetic_intensity")
+        grid.add_row(
+            "compute",
+            f"{_flops(m['flops'])}FLOP per batch, {format_bytes(m.get('bytes_moved'))} moved, "
+            f"intensity {'—' if intensity is None else f'{intensity:.1f}'} FLOP/byte",
+        )
+    if m.get("roofline_bound_ms") is not None:
+        fraction = m["achieved_fraction"]
+        gap = f", the measured p50 is {1 / fraction:,.3g}× that bound" if fraction else ""
+        grid.add_row(
+            "roofline", f"{m['regime']} on {m['hardware_profile']}: bound {format_ms(m['roofline_bound_ms'])}{gap}"
+        )
+    if m.get("throughput_curve"):
+        curve = ", ".join(f"B={p['batch']}: {p['throughput_per_s']:,.0f}/s" for p in m["throughput_curve"])
+        grid.add_row("throughput curve", curve)
+        grid.add_row("", f"saturates at batch {m.get('saturation_batch')}; largest batch meeting the SLO: "
+                         f"{m.get('max_batch_within_slo') or '—'}")
+
+
+def measure_card(card: dict[str, Any]) -> Panel:
+    """`pareto measure`: the four axes of one configuration, its roofline, and ratio against speedup."""
+    m, env = card["metrics"], card["environment"]
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    grid.add_row("configuration", _describe({"config": card["config"]}))
+    grid.add_row("accuracy", _accuracy(m))
+    grid.add_row(
+        "latency",
+        f"p50 {format_ms(m['latency_p50_ms'])}  p90 {format_ms(m['latency_p90_ms'])}  p99 {format_ms(m['latency_p99_ms'])} "
+        f"({m['confidence']:.0%} CI {format_ms(m.get('latency_p99_lower_ms'))} – {format_ms(m.get('latency_p99_upper_ms'))})"
+        f"  p99.9 {format_ms(m['latency_p999_ms'])}  p99/p50 {m['p99_p50_ratio']:.2f}",
+    )
+    if m.get("p99_verdict"):
+        style = {"met": "green", "missed": "red"}.get(m["p99_verdict"], "yellow")
+        grid.add_row("SLO", Text(f"P99 ≤ {format_ms(m['slo_p99_ms'])}: {m['p99_verdict']}", style=style))
+    grid.add_row("throughput", f"{m['throughput_per_s']:,.0f} samples/s at batch {m['batch_size']}")
+    grid.add_row("parameters", f"{format_bytes(m['params_bytes'])} stored, {format_bytes(m['theoretical_bytes'])} ideal")
+    axes_rows(grid, m)
+    grid.add_row(
+        "ratio vs speedup",
+        f"{_ratio(m.get('compression_ratio'))} smaller in theory;  {_ratio(m.get('speedup_p50'))} p50, "
+        f"{_ratio(m.get('speedup_p99'))} p99 faster than the baseline measured in this run "
+        f"({format_ms(m['baseline_latency_p50_ms'])} / {format_ms(m['baseline_latency_p99_ms'])})",
+    )
+    if m.get("compile_s") is not None:
+        grid.add_row("compile", f"{m['compile_s']:.2f} s (first call, not counted as latency)")
+    grid.add_row("method", m.get("method") or "—")
+    grid.add_row("environment", f"{env['device']} · {env['device_name']} · torch {env['torch_version']} · "
+                 f"{env['threads']} threads · {env['hostname']}")
+    return Panel(grid, title="Measurement", title_align="left", expand=False)
+
+
+def profile_table(profiles: list[dict[str, Any]], *, title: str) -> Table:
+    """Hardware profiles: peak per dtype, bandwidth and ridge point per dtype."""
+    table = Table(title=title, title_justify="left")
+    for name in ("profile", "dtype", "peak TFLOP/s", "bandwidth GB/s", "ridge FLOP/byte"):
+        table.add_column(name, justify="left" if name in {"profile", "dtype"} else "right")
+    for p in profiles:
+        for i, (dtype, peak) in enumerate(p["peak_flops"].items()):
+            table.add_row(
+                p["name"] if i == 0 else "",
+                dtype,
+                f"{peak / 1e12:,.3g}",
+                f"{p['memory_bandwidth_bytes_per_s'] / 1e9:,.0f}" if i == 0 else "",
+                f"{p['ridge_flop_per_byte'][dtype]:,.1f}",
+            )
+    return table
+
+
+def roofline_table(result: dict[str, Any]) -> Table:
+    """`pareto roofline`: each layer type's intensity against the ridge, and what can pay off."""
+    hw = result["hardware"]
+    table = Table(
+        title=f"Roofline of task {result['task']!r} at batch {result['batch_size']} ({result['dtype']}) on {hw['name']}: "
+              f"ridge {result['ridge_flop_per_byte']:.1f} FLOP/byte",
+        title_justify="left",
+    )
+    for name in ("layer type", "layers", "FLOP", "bytes moved", "FLOP/byte", "regime", "what can pay off"):
+        table.add_column(name, justify="right" if name in {"layers", "FLOP", "bytes moved", "FLOP/byte"} else "left")
+    for r in result["layers"]:
+        table.add_row(r["type"], str(r["layers"]), _flops(r["flops"]), format_bytes(r["bytes_moved"]),
+                      f"{r['arithmetic_intensity']:.1f}",
+                      Text(r["regime"], style="cyan" if r["regime"] == "memory-bound" else "magenta"), r["pays_off"])
+    table.caption = "Bytes count each layer's weights once plus its activations in and out (as if through memory)."
+    return table

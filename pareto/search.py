@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import signal
 import threading
 import time
@@ -16,7 +15,8 @@ from optuna.trial import TrialState
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
 
-from pareto.compress import Config, Technique, apply, get_technique
+from pareto.assess import Assessment, assess, check_input_fits
+from pareto.compress import Config, Technique, get_technique
 from pareto.errors import NoFeasibleConfiguration, TechniqueError, UsageError
 from pareto.frontier import (
     Candidate,
@@ -27,9 +27,9 @@ from pareto.frontier import (
     objective_metrics,
     select_best,
 )
-from pareto.measure.environment import environment_key, fingerprint
+from pareto.measure.environment import fingerprint
 from pareto.measure.latency import measure_latency, resolve_device
-from pareto.measure.memory import params_bytes, theoretical_bytes
+from pareto.measure.memory import theoretical_bytes
 from pareto.measure.stats import MIN_SAMPLES_P99
 from pareto.spec import Range, SearchSpec
 from pareto.store import queries
@@ -96,18 +96,23 @@ def run_search(spec: SearchSpec, *, db_url: str, reporter: Reporter | None = Non
 
     threads = spec.measure.threads or torch.get_num_threads()
     batch_sizes = spec.space.batch_size or [task.batch_size]
-    techniques, skipped = _available_techniques(spec, device)
+    techniques, skipped = _available_techniques(spec, device, task)
     for name, reason in skipped:
         reporter.notice(f"Skipping technique {name}: {reason}")
-    _check_input_fits(task, device)
+    check_input_fits(task)
 
     env_fp = fingerprint(device, threads)
     engine = open_engine(db_url)
     upgrade(engine)
     with session_scope(engine) as session:
-        env_id = _environment_id(session, env_fp)
+        env_id = queries.environment_id(session, env_fp)
         study_row = _get_or_create_study(session, spec)
         study_id, stored = study_row.id, len(study_row.trials)
+        profile, note = queries.resolve_profile(
+            session, spec.measure.hardware, environment_id=env_id, device=device, device_name=env_fp["device_name"]
+        )
+    if note:
+        reporter.notice(note)
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     with warnings.catch_warnings():
@@ -143,6 +148,7 @@ def run_search(spec: SearchSpec, *, db_url: str, reporter: Reporter | None = Non
         batch_sizes=batch_sizes,
         techniques=techniques,
         constraints=constraints,
+        profile=profile,
         baseline_theoretical_bytes=theoretical_bytes(task.model),
     )
     with session_scope(engine) as session:
@@ -279,7 +285,8 @@ class _Objective:
             row = session.get(Trial, row_id)
             row.state, row.finished_at = "COMPLETE", utcnow()
             session.get(Study, self.study_id).updated_at = row.finished_at
-            row.compress_s, row.latency_s, row.accuracy_s = phases
+            row.compress_s, row.compile_s = phases.compress_s, phases.compile_s
+            row.latency_s, row.accuracy_s = phases.latency_s, phases.accuracy_s
             session.add(Measurement(trial_id=row_id, environment_id=self.env_id, **metrics))
         return self._finish(trial, TrialOutcome(trial.number, "COMPLETE", config.describe(), metrics))
 
@@ -290,59 +297,18 @@ class _Objective:
         self.last = outcome
         return tuple(_objective_value(m, metric) for metric, _ in objective_metrics(self.spec.objectives))
 
-    def _measure(self, config: Config) -> tuple[dict[str, Any], tuple[float, float, float]]:
-        t0 = time.perf_counter()
-        model = apply(self.task.model, config, self.task)
-        t1 = time.perf_counter()
-        try:
-            inputs = self.task.example_input(config.batch_size)
-            latency = measure_latency(
-                model,
-                inputs,
-                device=self.device,
-                samples=self.spec.measure.samples,
-                warmup=self.spec.measure.warmup,
-                threads=self.threads,
-                confidence=self.spec.measure.confidence,
-            )
-        except UsageError:
-            raise
-        except RuntimeError as exc:  # e.g. a shape the compressed model no longer accepts
-            raise TechniqueError(f"{config.describe()} could not run: {exc}") from exc
-        t2 = time.perf_counter()
-        try:
-            accuracy = float(self.task.evaluate(model))
-        except Exception as exc:  # user code failing on a compressed model fails the trial, reason kept
-            raise TechniqueError(f"the task's evaluate failed on {config.describe()}: {type(exc).__name__}: {exc}") from exc
-        t3 = time.perf_counter()
-        if not math.isfinite(accuracy):
-            raise TechniqueError(f"{config.describe()} made the task's metric {accuracy}")
-        s = latency.summary
-        stored_bytes = params_bytes(model)
-        ideal_bytes = theoretical_bytes(model)
-        metrics = {
-            "accuracy": accuracy,
-            "batch_size": config.batch_size,
-            "latency_mean_ms": s.mean_ms,
-            "latency_p50_ms": s.p50_ms,
-            "latency_p50_lower_ms": _finite_or_none(s.p50_lower_ms),
-            "latency_p50_upper_ms": _finite_or_none(s.p50_upper_ms),
-            "latency_p90_ms": s.p90_ms,
-            "latency_p99_ms": s.p99_ms,
-            "latency_p99_lower_ms": _finite_or_none(s.p99_lower_ms),
-            "latency_p99_upper_ms": _finite_or_none(s.p99_upper_ms),
-            "latency_p999_ms": s.p999_ms,
-            "p99_p50_ratio": s.p99_p50_ratio,
-            "samples": s.samples,
-            "warmup": latency.warmup,
-            "confidence": s.confidence,
-            "method": latency.method,
-            "throughput_per_s": config.batch_size / (s.mean_ms / 1000),
-            "params_bytes": stored_bytes,
-            "theoretical_bytes": ideal_bytes,
-            "compression_ratio": self.baseline_theoretical_bytes / max(ideal_bytes, 1),
-        }
-        return metrics, (t1 - t0, t2 - t1, t3 - t2)
+    def _measure(self, config: Config) -> tuple[dict[str, Any], Assessment]:
+        result = assess(
+            self.task,
+            config,
+            device=self.device,
+            threads=self.threads,
+            measure=self.spec.measure,
+            slo_ms=self.spec.slo.p99_ms,
+            profile=self.profile,
+            baseline_theoretical_bytes=self.baseline_theoretical_bytes,
+        )
+        return result.metrics, result
 
 
 def suggest(trial: optuna.Trial, batch_sizes: list[int], techniques: dict[str, dict[str, Any]]) -> Config:
@@ -363,30 +329,16 @@ def suggest(trial: optuna.Trial, batch_sizes: list[int], techniques: dict[str, d
     return Config(techniques=tuple(chosen), batch_size=batch_size)
 
 
-def _available_techniques(spec: SearchSpec, device: str) -> tuple[dict[str, dict[str, Any]], list[tuple[str, str]]]:
+def _available_techniques(spec: SearchSpec, device: str, task: Task) -> tuple[dict[str, dict[str, Any]], list[tuple[str, str]]]:
     usable, skipped = {}, []
     for name, space in spec.space.techniques.items():
         probe = {p: (s.low if isinstance(s, Range) else s[0]) for p, s in space.items()}
-        reason = get_technique(name, probe).available(device)
+        reason = get_technique(name, probe).available(device, task)
         if reason is None:
             usable[name] = space
         else:
             skipped.append((name, reason))
     return usable, skipped
-
-
-def _check_input_fits(task: Task, device: str) -> None:
-    import torch
-
-    inputs = task.example_input(1)
-    args = inputs if isinstance(inputs, (tuple, list)) else (inputs,)
-    try:
-        with torch.inference_mode():
-            task.model.eval()(*args)
-    except Exception as exc:  # the user's example_input and model disagree: say so before searching
-        raise UsageError(
-            f"Task {task.name!r}: the model does not accept example_input(1): {type(exc).__name__}: {exc}"
-        ) from exc
 
 
 def _sampler(spec: SearchSpec) -> optuna.samplers.BaseSampler:
@@ -456,26 +408,6 @@ def _enqueue_baselines(
             study.enqueue_trial({"batch_size": batch_size, **{name: False for name in techniques}})
 
 
-def _environment_id(session: Any, fp: dict[str, Any]) -> int:
-    key = environment_key(fp)
-    env = session.scalars(select(Environment).where(Environment.key == key)).one_or_none()
-    if env is None:
-        env = Environment(
-            key=key,
-            device=fp["device"],
-            device_name=fp["device_name"],
-            driver=fp.get("driver"),
-            torch_version=fp["torch_version"],
-            cpu_model=fp["cpu_model"],
-            threads=fp["threads"],
-            hostname=fp["hostname"],
-            details=fp,
-        )
-        session.add(env)
-        session.flush()
-    return env.id
-
-
 def _get_or_create_study(session: Any, spec: SearchSpec) -> Study:
     row = session.scalars(select(Study).where(Study.name == spec.study_name)).one_or_none()
     spec_json = spec.model_dump(mode="json")
@@ -532,10 +464,6 @@ def _interrupted(exc: BaseException) -> str:
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted by the user"
     return f"{type(exc).__name__}: {exc}"
-
-
-def _finite_or_none(value: float | None) -> float | None:
-    return value if value is not None and math.isfinite(value) else None
 
 
 logging.getLogger("alembic").setLevel(logging.WARNING)

@@ -87,7 +87,12 @@ class Space(_Strict):
             for pname, field in cls.model_fields.items():
                 if field.is_required() and pname not in params:
                     raise ValueError(f"technique {name!r} needs a space for {pname!r}")
-            # every end of every range, and every listed choice, must make a valid technique
+            # the first choices together, then every end of every range and every listed choice,
+            # must each make a valid technique
+            try:
+                get_technique(name, {p: _first(v) for p, v in params.items()})
+            except UsageError as exc:
+                raise ValueError(str(exc).rstrip(".")) from None
             for pname, pspace in params.items():
                 values = [pspace.low, pspace.high] if isinstance(pspace, Range) else pspace
                 if not values:

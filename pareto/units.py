@@ -105,6 +105,8 @@ def format_ms(value_ms: float | None) -> str:
         return "—"
     if value_ms == float("inf"):
         return "∞"
+    if value_ms < 0.01:
+        return f"{value_ms * 1000:.3g} µs"
     if value_ms < 1:
         return f"{value_ms:.3f} ms"
     if value_ms < 100:

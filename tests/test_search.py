@@ -75,10 +75,10 @@ def test_second_run_continues_the_study(db_url: str) -> None:
 
 def test_failing_technique_fails_the_trial_and_the_search_goes_on(db_url: str) -> None:
     s = spec(
-        task="tests.tiny_task:make_single_layer_task",
-        study="single",
+        task="tests.tiny_task:make_fragile_task",
+        study="fragile",
         search={"n_trials": 4, "seed": 0, "sampler": "random"},
-        space={"techniques": {"prune_structured": {"ratio": [0.5]}}},
+        space={"techniques": {"int8_dynamic": {}}},
     )
     result = run_search(s, db_url=db_url)
     assert result.trials_run == 4
@@ -86,8 +86,25 @@ def test_failing_technique_fails_the_trial_and_the_search_goes_on(db_url: str) -
         trials = session.scalars(select(Trial)).all()
     failed = [t for t in trials if t.state == "FAILED"]
     assert failed, "random sampling over on/off should hit the technique at least once in 4 trials"
-    assert all("prune_structured" in t.error for t in failed)
+    assert all("int8_dynamic" in t.error and "could not be measured" in t.error for t in failed)
     assert any(t.state == "COMPLETE" for t in trials)
+
+
+def test_unavailable_technique_is_skipped_once_with_the_reason(db_url: str) -> None:
+    notices: list[str] = []
+
+    class Collect:
+        def start(self, **_: object) -> None: ...
+        def notice(self, message: str) -> None: notices.append(message)
+        def trial_done(self, *_: object) -> None: ...
+
+    s = spec(task="tests.tiny_task:make_single_layer_task", study="single", search={"n_trials": 2},
+             space={"techniques": {"prune_structured": {"ratio": [0.5]}, "int8_dynamic": {}}})
+    run_search(s, db_url=db_url, reporter=Collect())
+    skipped = [n for n in notices if n.startswith("Skipping technique prune_structured")]
+    assert len(skipped) == 1
+    with session_scope(open_engine(db_url)) as session:
+        assert all("prune_structured" not in t.description for t in session.scalars(select(Trial)).all())
 
 
 def test_no_feasible_configuration_names_the_closest(db_url: str) -> None:

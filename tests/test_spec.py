@@ -41,7 +41,11 @@ def test_study_name_defaults_to_task() -> None:
         ("slo: {p99: 7parsecs}", "Unknown time unit"),
         ("space: {techniques: {magic_speedup: {}}}", "unknown technique 'magic_speedup'"),
         ("space: {techniques: {lowrank: {rank: [1]}}}", "has no parameter 'rank'"),
-        ("space: {techniques: {lowrank: {}}}", "needs a space for 'rank_ratio'"),
+        ("space: {techniques: {lowrank: {}}}", "exactly one"),
+        ("space: {techniques: {prune_structured: {}}}", "needs a space for 'ratio'"),
+        ("objectives: [accuracy, speed]", "objectives"),
+        ("slo: {min_throughput: 500}", "has no unit"),
+        ("scenario: cloud", "scenario"),
         ("space: {techniques: {prune_unstructured: {sparsity: [0.5, 1.5]}}}", "sparsity"),
         ("space: {techniques: {prune_unstructured: {sparsity: {low: 0.9, high: 0.1}}}}", "must be below"),
         ("search: {n_trials: 0}", "n_trials"),
@@ -63,3 +67,20 @@ def test_bad_specs_are_one_sentence(tmp_path: Path, content: str, phrase: str) -
 def test_missing_config_file(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="Cannot read config"):
         load_spec(tmp_path / "nope.yaml")
+
+
+def test_scenarios_fill_in_what_is_unsaid() -> None:
+    serving = SearchSpec(scenario="serving")
+    assert serving.objectives == ["accuracy", "throughput", "memory"]
+    assert serving.space.batch_size and len(serving.space.batch_size) > 1
+    assert "int8_dynamic" in serving.space.techniques  # the default techniques stay
+    mobile = SearchSpec(scenario="mobile", objectives=["accuracy", "p99"])
+    assert mobile.objectives == ["accuracy", "p99"] and mobile.space.batch_size == [1]  # explicit wins
+    realtime = SearchSpec(scenario="realtime", measure={"threads": 1})
+    assert realtime.measure.confidence == 0.99 and realtime.measure.threads == 1
+
+
+def test_throughput_floor_and_hardware_off() -> None:
+    spec = load_spec(None, {"slo.min_throughput": "500/s", "measure.hardware": "none"})
+    assert spec.slo.min_throughput == 500.0
+    assert spec.measure.hardware is None

@@ -69,3 +69,21 @@ def make_mismatched_task() -> Task:
     task = make_task()
     task.example_input = lambda batch_size: torch.randn(batch_size, 3)
     return task
+
+
+class _ReadsItsWeight(nn.Module):
+    """A model that reads a layer's weight tensor directly, as some real models do; int8 breaks it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden = nn.Linear(16, 32)
+        self.head = nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.hidden(x)) @ self.head.weight.t() + self.head.bias
+
+
+def make_fragile_task() -> Task:
+    """Every technique applies; int8 quantization then breaks the model's forward."""
+    torch.manual_seed(0)
+    return _task("fragile", _ReadsItsWeight())

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, joinedload
 
 from pareto.errors import UsageError
 from pareto.frontier import Candidate
-from pareto.store.models import Environment, Measurement, Study, Trial
+from pareto.store.models import Environment, HardwareCalibration, Measurement, Study, Trial
+
+if TYPE_CHECKING:
+    from pareto.measure.roofline import HardwareProfile
 
 #: Metric names copied from a measurement row into a candidate's ``metrics``.
 MEASUREMENT_METRICS = (
@@ -32,6 +35,19 @@ MEASUREMENT_METRICS = (
     "params_bytes",
     "theoretical_bytes",
     "compression_ratio",
+    "activation_bytes",
+    "kv_cache_bytes",
+    "memory_bytes",
+    "flops",
+    "bytes_moved",
+    "arithmetic_intensity",
+    "hardware_profile",
+    "roofline_bound_ms",
+    "regime",
+    "achieved_fraction",
+    "throughput_curve",
+    "saturation_batch",
+    "max_batch_within_slo",
 )
 
 
@@ -61,6 +77,29 @@ def default_study(session: Session) -> Study:
     if not names:
         raise UsageError("The database holds no study yet; run 'pareto search' first.")
     raise UsageError(f"The database holds {len(names)} studies ({', '.join(names)}); pass --study NAME.")
+
+
+def environment_id(session: Session, fp: dict[str, Any]) -> int:
+    """The id of the environment with this fingerprint, stored on first sight."""
+    from pareto.measure.environment import environment_key
+
+    key = environment_key(fp)
+    env = session.scalars(select(Environment).where(Environment.key == key)).one_or_none()
+    if env is None:
+        env = Environment(
+            key=key,
+            device=fp["device"],
+            device_name=fp["device_name"],
+            driver=fp.get("driver"),
+            torch_version=fp["torch_version"],
+            cpu_model=fp["cpu_model"],
+            threads=fp["threads"],
+            hostname=fp["hostname"],
+            details=fp,
+        )
+        session.add(env)
+        session.flush()
+    return env.id
 
 
 def environment_dict(env: Environment) -> dict[str, Any]:
@@ -145,3 +184,67 @@ def study_summaries(session: Session) -> list[dict[str, Any]]:
             }
         )
     return result
+
+
+def latest_calibration(session: Session, environment_id: int) -> HardwareCalibration | None:
+    return session.scalars(
+        select(HardwareCalibration)
+        .where(HardwareCalibration.environment_id == environment_id)
+        .order_by(HardwareCalibration.created_at.desc(), HardwareCalibration.id.desc())
+        .limit(1)
+    ).one_or_none()
+
+
+def calibration_profile(row: HardwareCalibration) -> HardwareProfile:
+    """A stored `pareto calibrate` result as a roofline profile."""
+    from pareto.measure.roofline import HardwareProfile
+
+    return HardwareProfile(
+        name=f"host-{row.environment.device.replace(':', '-')}",
+        description=f"{row.environment.device_name} on {row.environment.hostname}, calibrated",
+        peak_flops=dict(row.peak_flops),
+        memory_bandwidth_bytes_per_s=row.memory_bandwidth_bytes_per_s,
+        method=row.method,
+        measured_at=row.created_at.isoformat(),
+    )
+
+
+#: GPU names (as torch reports them) to datasheet profiles, most specific first.
+_GPU_PROFILES = (("H200", "h200"), ("H100", "h100-sxm"), ("A100-SXM4-80GB", "a100-80gb"), ("A100 80GB", "a100-80gb"),
+                 ("A100", "a100-40gb"), ("V100", "v100"))
+
+
+def resolve_profile(
+    session: Session | None, name: str | None, *, environment_id: int | None, device: str, device_name: str
+) -> tuple[HardwareProfile | None, str | None]:
+    """The roofline profile a measurement uses, and a note when there is none.
+
+    ``auto``: a CUDA device's datasheet profile by its name, else this host's latest calibration.
+    ``host``: the latest calibration of this environment. Any other name: a configs/hardware profile.
+
+    Raises:
+        UsageError: an unknown profile name, or ``host`` without a calibration.
+    """
+    from pareto.measure.roofline import load_profile
+
+    if name is None:
+        return None, None
+    calibration = (
+        latest_calibration(session, environment_id) if session is not None and environment_id is not None else None
+    )
+    if name == "host":
+        if calibration is None:
+            raise UsageError(
+                "No calibration of this machine is stored; run 'pareto calibrate' first, "
+                "or name a profile with --hardware (see 'pareto hardware')."
+            )
+        return calibration_profile(calibration), None
+    if name != "auto":
+        return load_profile(name), None
+    if device.startswith("cuda"):
+        for marker, profile in _GPU_PROFILES:
+            if marker.lower() in device_name.lower():
+                return load_profile(profile), None
+    if calibration is not None:
+        return calibration_profile(calibration), None
+    return None, "No roofline: run 'pareto calibrate' once to measure this machine's ceilings, or pass --hardware."
