@@ -16,6 +16,8 @@ Load it with ``pareto search --task package.module:make_task``.
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -28,6 +30,8 @@ if TYPE_CHECKING:
 #: Built-in tasks by name; each value is a ``module:factory`` reference like a user's own.
 BUILTIN_TASKS: dict[str, str] = {
     "demo": "pareto.tasks.demo:make_task",
+    "transformer": "pareto.tasks.transformer:make_task",
+    "minilm": "pareto.tasks.minilm:make_task",
 }
 
 
@@ -84,6 +88,9 @@ def load_task(ref: str) -> Task:
             f"Unknown task {ref!r}: use a built-in task ({known}) or 'package.module:factory'."
         )
     module_name, _, attr = target.partition(":")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        # `pareto search --task mymodule:make_task` finds modules beside the user, as `python -m` would
+        sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # any import-time failure of user code is reported, not raised
@@ -93,6 +100,8 @@ def load_task(ref: str) -> Task:
         raise TaskError(f"Module {module_name!r} has no callable {attr!r} to build the task.")
     try:
         task = factory()
+    except TaskError:
+        raise  # already one sentence for the user (a built-in task's missing extra, say)
     except Exception as exc:  # the factory is user code; its failure is a task error
         raise TaskError(f"Task factory {target!r} failed: {_reason(exc)}.") from exc
     if not isinstance(task, Task):

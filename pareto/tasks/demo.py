@@ -6,17 +6,13 @@ structured pruning or int8 dynamic quantization bring it well under: the product
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import pickle
-import tempfile
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from pareto.task import Task
+from pareto.tasks._cache import cache_path, load_state, save_state
 
 #: Hidden width of the three hidden layers (64 -> W -> W -> W -> 10).
 HIDDEN_WIDTH = 1024
@@ -33,10 +29,10 @@ def make_task() -> Task:
     """Build the demo task, training the model on first use and loading it from the cache after."""
     x_train, y_train, x_test, y_test = _digits()
     path = _cache_path()
-    state = _load_state(path)
+    state = load_state(path)
     if state is None:
         state = _train(x_train, y_train)
-        _save_state(state, path)
+        save_state(state, path)
     # built on the meta device and given the stored tensors: no wasted init, caller's RNG untouched
     with torch.device("meta"):
         model = _build_model()
@@ -116,7 +112,6 @@ def _train(x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
 
 def _cache_path() -> Path:
     """State-dict file keyed by everything that changes the trained weights."""
-    major, minor = torch.__version__.split(".")[:2]
     recipe = {
         "layers": [64, HIDDEN_WIDTH, HIDDEN_WIDTH, HIDDEN_WIDTH, 10],
         "activation": "relu",
@@ -125,31 +120,5 @@ def _cache_path() -> Path:
         "train_batch_size": TRAIN_BATCH_SIZE,
         "learning_rate": LEARNING_RATE,
         "test_fraction": TEST_FRACTION,
-        "torch": f"{major}.{minor}",
     }
-    digest = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
-    root = os.environ.get("PARETO_CACHE_DIR") or Path.home() / ".cache" / "pareto"
-    return Path(root) / f"demo-mlp-{digest}.pt"
-
-
-def _load_state(path: Path) -> dict[str, torch.Tensor] | None:
-    """The cached weights, or None when there is no readable cache file (then the model is retrained)."""
-    if not path.exists():
-        return None
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except (RuntimeError, EOFError, pickle.UnpicklingError):
-        return None
-
-
-def _save_state(state: dict[str, torch.Tensor], path: Path) -> None:
-    """Write to a temporary file and rename, so a concurrent reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            torch.save(state, handle)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    return cache_path("demo-mlp", recipe)
