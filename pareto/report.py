@@ -97,7 +97,7 @@ def best_card(pick: dict[str, Any]) -> Panel:
         f"{_ratio(m.get('speedup_p99'))} p99",
     )
     grid.add_row("SLO", _slo_text(slo))
-    grid.add_row("method", m.get("method") or "—")
+    grid.add_row("method", _latency_method(m))
     grid.add_row("environment", f"{env['device']} · {env['device_name']} · torch {env['torch_version']} · "
                  f"{env['threads']} threads · {env['hostname']}")
     return Panel(grid, title="Best configuration", title_align="left", border_style="green", expand=False)
@@ -280,7 +280,7 @@ def measure_card(card: dict[str, Any]) -> Panel:
     )
     if m.get("compile_s") is not None:
         grid.add_row("compile", f"{m['compile_s']:.2f} s (first call, not counted as latency)")
-    grid.add_row("method", m.get("method") or "—")
+    grid.add_row("method", _latency_method(m))
     grid.add_row("environment", f"{env['device']} · {env['device_name']} · torch {env['torch_version']} · "
                  f"{env['threads']} threads · {env['hostname']}")
     return Panel(grid, title="Measurement", title_align="left", expand=False)
@@ -319,3 +319,9 @@ def roofline_table(result: dict[str, Any]) -> Table:
                       Text(r["regime"], style="cyan" if r["regime"] == "memory-bound" else "magenta"), r["pays_off"])
     table.caption = "Bytes count each layer's weights once plus its activations in and out (as if through memory)."
     return table
+
+
+def _latency_method(m: dict[str, Any]) -> str:
+    """The timing method in one line; every term's method is in the JSON output."""
+    method = m.get("method") or "—"
+    return method.split(";")[0] + ("  (each term's method: --json)" if ";" in method else "")
