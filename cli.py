@@ -74,6 +74,8 @@ def cli() -> None:
 @click.option("--threads", type=click.IntRange(min=1), help="Intra-op threads while timing [default torch's].")
 @click.option("--samples", type=click.IntRange(min=1), help="Timed calls per trial [default 662].")
 @click.option("--warmup", type=click.IntRange(min=0), help="Untimed warm-up calls [default 50].")
+@click.option("--adaptive-budget", type=DURATION,
+              help="Keep timing past --samples until the P99 verdict is decided, up to this long a trial (e.g. 20s).")
 @db_option
 @json_option
 def search(config_path: str | None, db: str | None, as_json: bool, **flags: Any) -> int:
@@ -99,6 +101,7 @@ def search(config_path: str | None, db: str | None, as_json: bool, **flags: Any)
         "measure.threads": flags["threads"],
         "measure.samples": flags["samples"],
         "measure.warmup": flags["warmup"],
+        "measure.adaptive_budget": flags["adaptive_budget"],
     }
     spec = load_spec(config_path, overrides)
     from pareto.report import ProgressReporter
@@ -208,17 +211,19 @@ def studies(db: str | None, as_json: bool) -> None:
 @click.option("--samples", type=click.IntRange(min=1), default=662, show_default=True, help="Timed calls.")
 @click.option("--warmup", type=click.IntRange(min=0), default=50, show_default=True, help="Warm-up calls.")
 @click.option("--sweep", is_flag=True, help="Also measure the throughput curve over a batch sweep.")
+@click.option("--adaptive-budget", type=DURATION, default="20s", show_default=True,
+              help="With --slo-p99: keep timing until the verdict is decided, up to this long.")
 @db_option
 @json_option
 def measure(task: str, techniques: tuple[str, ...], batch_size: int | None, slo_p99: str | None, hardware: str,
-            device: str, threads: int | None, samples: int, warmup: int, sweep: bool, db: str | None,
-            as_json: bool) -> None:
+            device: str, threads: int | None, samples: int, warmup: int, sweep: bool, adaptive_budget: str,
+            db: str | None, as_json: bool) -> None:
     """Measure one configuration on all four axes, beside the uncompressed model, outside any study."""
     from pareto.api import measure as run
 
     card = run(task, techniques=techniques, batch_size=batch_size, slo_p99=slo_p99,
                hardware=None if hardware.lower() == "none" else hardware, device=device, threads=threads,
-               samples=samples, warmup=warmup, sweep=sweep, db=db)
+               samples=samples, warmup=warmup, sweep=sweep, adaptive_budget=adaptive_budget, db=db)
     notes = card.pop("notes")
     if as_json:
         _print_json(card)

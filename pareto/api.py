@@ -146,6 +146,7 @@ def measure(
     samples: int = 662,
     warmup: int = 50,
     sweep: bool = False,
+    adaptive_budget: str | None = "20s",
     db: str | None = None,
 ) -> dict[str, Any]:
     """Measure one configuration outside any study, beside the uncompressed model measured in the same run.
@@ -155,6 +156,8 @@ def measure(
         techniques: ``"name"`` or ``"name:key=value,key=value"`` each, e.g. ``"prune_structured:ratio=0.5"``.
         batch_size: Defaults to the task's own.
         hardware: Roofline profile: a name from ``pareto hardware``, ``host``, ``auto`` or None.
+        adaptive_budget: With an SLO, keep timing past ``samples`` until the P99 verdict is decided,
+            up to this long (``"20s"``); None times ``samples`` calls only.
         db: Where ``host`` calibrations are read from (nothing is written).
 
     Returns:
@@ -194,7 +197,7 @@ def measure(
     env = fingerprint(resolved, used_threads)
     profile = _profile_for(hardware, db, env, resolved)
     settings = Measure(device=resolved, threads=used_threads, samples=samples, warmup=warmup,
-                       throughput_sweep=sweep, hardware=hardware)
+                       throughput_sweep=sweep, hardware=hardware, adaptive_budget=adaptive_budget)
     base_bytes = theoretical_bytes(loaded.model)
     kwargs = dict(device=resolved, threads=used_threads, measure=settings, slo_ms=p99_ms, profile=profile,
                   baseline_theoretical_bytes=base_bytes)
