@@ -8,13 +8,14 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from pareto.errors import ParetoError, UsageError
-from pareto.units import format_bytes, format_ms, parse_duration_ms, parse_rate_per_s, parse_size_bytes
+from pareto.units import format_ms, parse_duration_ms, parse_rate_per_s, parse_size_bytes
 
 # piped or captured output gets full-width tables instead of rich's 80-column default
-out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+out = Console(highlight=False, width=None if sys.stdout.isatty() else 180)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
@@ -311,7 +312,7 @@ def techniques(device: str, task: str | None, as_json: bool) -> None:
     for t in listing:
         params = "\n".join(f"{k}: {v}" for k, v in t["parameters"].items()) or "—"
         table.add_row(t["name"], t["family"], params, "[green]yes[/]" if t["available"] else "[red]no[/]",
-                      t["summary"] if t["available"] else t["reason"])
+                      escape(t["summary"] if t["available"] else t["reason"]))
     out.print(table)
 
 

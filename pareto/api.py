@@ -260,11 +260,7 @@ def _scalar(text: str) -> Any:
 
 def _profile_for(hardware: str | None, db: str | None, env: dict[str, Any], device: str) -> Any:
     """Resolve a roofline profile, reading calibrations from the database when one exists."""
-    from sqlalchemy import select
-
     from pareto.errors import StoreError
-    from pareto.measure.environment import environment_key
-    from pareto.store.models import Environment
 
     session_engine = None
     if hardware in {"auto", "host"}:
@@ -274,14 +270,9 @@ def _profile_for(hardware: str | None, db: str | None, env: dict[str, Any], devi
         except StoreError:
             session_engine = None
     if session_engine is None:
-        profile, _ = queries.resolve_profile(None, hardware, environment_id=None, device=device,
-                                             device_name=env["device_name"])
-        return profile
+        return queries.resolve_profile(None, hardware, fingerprint=env)[0]
     with session_scope(session_engine) as session:
-        env_id = session.scalars(select(Environment.id).where(Environment.key == environment_key(env))).one_or_none()
-        profile, _ = queries.resolve_profile(session, hardware, environment_id=env_id, device=device,
-                                             device_name=env["device_name"])
-        return profile
+        return queries.resolve_profile(session, hardware, fingerprint=env)[0]
 
 
 def calibrate(*, device: str = "auto", threads: int | None = None, seconds: float = 5.0,
@@ -350,12 +341,15 @@ def roofline(
     from pareto.measure.roofline import regime
     from pareto.task import load_task
 
+    import torch
+
     resolved = resolve_device(device)
-    loaded = load_task(task)
-    env = fingerprint(resolved, 1)
+    # the environment `pareto calibrate` stored: same device, torch's default thread count
+    env = fingerprint(resolved, torch.get_num_threads())
     profile = _profile_for(hardware, db, env, resolved)
     if profile is None:
         raise UsageError("No hardware profile: pass --hardware NAME (see 'pareto hardware') or run 'pareto calibrate'.")
+    loaded = load_task(task)
     model = loaded.model.to(resolved).eval()
     dtype = compute_dtype(model)
     if dtype not in profile.peak_flops:

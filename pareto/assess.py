@@ -18,6 +18,10 @@ if TYPE_CHECKING:
     from pareto.task import Task
 
 
+#: Joins the method of each term (latency, memory, compute) in a measurement's ``method``.
+METHOD_SEPARATOR = " | "
+
+
 @dataclass
 class Assessment:
     """What one configuration measured: ``metrics`` (the columns of a measurement row) and timings."""
@@ -123,7 +127,7 @@ def assess(
         "samples": s.samples,
         "warmup": latency.warmup,
         "confidence": s.confidence,
-        "method": "; ".join(filter(None, [latency.method, latency.stop_reason, memory.method, cost.method])),
+        "method": METHOD_SEPARATOR.join(filter(None, [latency.method, latency.stop_reason, memory.method, cost.method])),
         "throughput_per_s": config.batch_size / (s.mean_ms / 1000),
         "params_bytes": stored_bytes,
         "theoretical_bytes": ideal_bytes,

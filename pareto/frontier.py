@@ -104,13 +104,24 @@ def non_dominated(points: Sequence[Sequence[float]], maximize: Sequence[bool]) -
     return front
 
 
+def objective_value(metrics: dict[str, Any], metric: str) -> float | None:
+    """A stored metric as an objective: the P99 bound falls back to the point estimate when too few
+    samples bound it (such a trial is never "met"); memory falls back to parameters for old rows."""
+    if metric == "latency_p99_upper_ms" and metrics.get(metric) is None:
+        metric = "latency_p99_ms"
+    if metric == "memory_bytes":
+        return float(memory_bytes(metrics))
+    value = metrics.get(metric)
+    return float(value) if _finite(value) else None
+
+
 def frontier(
     candidates: Sequence[Candidate],
     objectives: Sequence[tuple[str, bool]] = DEFAULT_OBJECTIVES,
 ) -> list[Candidate]:
     """The non-dominated candidates, fastest first."""
-    usable = [c for c in candidates if all(_finite(c.metrics.get(name)) for name, _ in objectives)]
-    points = [[float(c.metrics[name]) for name, _ in objectives] for c in usable]
+    usable = [c for c in candidates if all(objective_value(c.metrics, name) is not None for name, _ in objectives)]
+    points = [[objective_value(c.metrics, name) for name, _ in objectives] for c in usable]
     front = [usable[i] for i in non_dominated(points, [m for _, m in objectives])]
     return sorted(front, key=lambda c: (_p99_key(c), -c.metrics["accuracy"], c.trial))
 
@@ -133,6 +144,7 @@ def evaluate(candidate: Candidate, constraints: Constraints) -> tuple[bool, list
     violations: list[str] = []
     distance = 0.0
     verdict = None
+    undecided = False
     if constraints.p99_ms is not None:
         verdict = p99_verdict(m, constraints.p99_ms, constraints.min_samples)
         upper = m.get("latency_p99_upper_ms")
@@ -140,6 +152,7 @@ def evaluate(candidate: Candidate, constraints: Constraints) -> tuple[bool, list
             if upper is None or not math.isfinite(upper):
                 violations.append(f"its P99 bound is undecided after {m.get('samples')} samples")
                 distance += 1.0
+                undecided = verdict == "uncertain"
             elif upper > constraints.p99_ms:
                 over = upper - constraints.p99_ms
                 ratio = upper / constraints.p99_ms
@@ -155,6 +168,7 @@ def evaluate(candidate: Candidate, constraints: Constraints) -> tuple[bool, list
                     f"samples (need {constraints.min_samples})"
                 )
                 distance += 0.01
+                undecided = True
     if constraints.min_accuracy is not None and m["accuracy"] < constraints.min_accuracy:
         short = constraints.min_accuracy - m["accuracy"]
         violations.append(f"its accuracy {m['accuracy']:.4g} is {short:.3g} below {constraints.min_accuracy:g}")
@@ -171,7 +185,13 @@ def evaluate(candidate: Candidate, constraints: Constraints) -> tuple[bool, list
         distance += short_t / floor
     constrained = any(v is not None for v in constraints.to_dict().values())
     # with no SLO at all there is nothing to meet: the verdict is absent, not "meets"
-    candidate.slo = {**constraints.to_dict(), "p99_verdict": verdict, "feasible": (not violations) if constrained else None}
+    candidate.slo = {
+        **constraints.to_dict(),
+        "p99_verdict": verdict,
+        "feasible": (not violations) if constrained else None,
+        "undecided_only": verdict == "uncertain" and len(violations) == 1 and undecided,
+        "violations": violations,
+    }
     return not violations, violations, distance
 
 

@@ -6,6 +6,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, Group
+from rich.markup import escape
 from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -24,7 +25,8 @@ def _ratio(value: float | None) -> str:
 #: Frontier columns, most important first; a narrow terminal shows as many as fit, in this order.
 _COLUMNS: list[tuple[str, str, int]] = [  # (name, justify, priority: lower shows first)
     ("trial", "right", 0), ("configuration", "left", 0), ("batch", "right", 3), ("accuracy", "right", 0),
-    ("p50", "right", 2), ("p99", "right", 2), ("p99 ≤", "right", 0), ("params", "right", 3),
+    ("p50", "right", 2), ("p99", "right", 2), ("p99 ≤", "right", 0), ("throughput/s", "right", 3),
+    ("memory", "right", 2), ("params", "right", 3),
     ("compression", "right", 1), ("speedup p99", "right", 1), ("SLO", "left", 0),
 ]
 
@@ -36,7 +38,7 @@ def frontier_table(
     rows = [c if isinstance(c, dict) else c.to_dict() for c in front]
     if rows and title == "Pareto frontier":
         title = f"Pareto frontier of study {rows[0]['study']!r}"
-    max_priority = 3 if width is None or width >= 140 else 1 if width >= 100 else 0
+    max_priority = 3 if width is None or width >= 150 else 2 if width >= 125 else 1 if width >= 100 else 0
     shown = [(name, justify) for name, justify, priority in _COLUMNS if priority <= max_priority]
     table = Table(title=title, title_justify="left")
     for name, justify in shown:
@@ -45,6 +47,8 @@ def frontier_table(
         m, slo = r["metrics"], r.get("slo") or {}
         feasible = slo.get("feasible")
         mark, style = {True: ("meets", "green"), False: ("misses", "red"), None: ("—", "dim")}[feasible]
+        if feasible is False and slo.get("undecided_only"):
+            mark, style = "uncertain", "yellow"  # too few samples to say; not a miss
         cells = {
             "trial": str(r["trial"]),
             "configuration": _describe(r, with_batch=max_priority < 3),
@@ -53,6 +57,8 @@ def frontier_table(
             "p50": format_ms(m["latency_p50_ms"]),
             "p99": format_ms(m["latency_p99_ms"]),
             "p99 ≤": format_ms(m.get("latency_p99_upper_ms")),
+            "throughput/s": f"{m['throughput_per_s']:,.0f}",
+            "memory": format_bytes(m.get("memory_bytes")),
             "params": format_bytes(m["params_bytes"]),
             "compression": _ratio(m.get("compression_ratio")),
             "speedup p99": _ratio(m.get("speedup_p99")),
@@ -175,13 +181,13 @@ class ProgressReporter:
         self.task_id = self.progress.add_task(study, total=n_trials, left="")
 
     def notice(self, message: str) -> None:
-        self._print(f"[yellow]{message}[/]")
+        self._print(f"[yellow]{escape(message)}[/]")
 
     def trial_done(self, outcome: TrialOutcome, best: Candidate | None) -> None:
         self.done += 1
         m = outcome.metrics
         if outcome.state == "FAILED":
-            line = f"trial {outcome.number:>3}  [red]failed[/]  {outcome.description}: {outcome.error}"
+            line = f"trial {outcome.number:>3}  [red]failed[/]  {escape(outcome.description)}: {escape(outcome.error or '')}"
         else:
             line = (
                 f"trial {outcome.number:>3}  {outcome.description:<58}  acc {m['accuracy']:.4f}  "
@@ -324,4 +330,5 @@ def roofline_table(result: dict[str, Any]) -> Table:
 def _latency_method(m: dict[str, Any]) -> str:
     """The timing method in one line; every term's method is in the JSON output."""
     method = m.get("method") or "—"
-    return method.split(";")[0] + ("  (each term's method: --json)" if ";" in method else "")
+    first, sep, _ = method.partition(" | ")  # assess.METHOD_SEPARATOR; not imported: no torch here
+    return first + ("  (each term's method: --json)" if sep else "")

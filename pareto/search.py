@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -25,16 +24,17 @@ from pareto.frontier import (
     frontier,
     memory_bytes,
     objective_metrics,
+    objective_value,
     select_best,
 )
 from pareto.measure.environment import fingerprint
-from pareto.measure.latency import measure_latency, resolve_device
+from pareto.measure.latency import resolve_device
 from pareto.measure.memory import theoretical_bytes
 from pareto.measure.stats import MIN_SAMPLES_P99
 from pareto.spec import Range, SearchSpec
 from pareto.store import queries
 from pareto.store.engine import check_path, engine_kwargs, open_engine, session_scope, upgrade
-from pareto.store.models import Environment, Measurement, Study, Trial, utcnow
+from pareto.store.models import Measurement, Study, Trial, utcnow
 from pareto.task import Task, load_task
 
 HEARTBEAT_INTERVAL_S = 60
@@ -106,11 +106,10 @@ def run_search(spec: SearchSpec, *, db_url: str, reporter: Reporter | None = Non
     upgrade(engine)
     with session_scope(engine) as session:
         env_id = queries.environment_id(session, env_fp)
+        spec = _adopt_stored_objectives(session, spec)
         study_row = _get_or_create_study(session, spec)
         study_id, stored = study_row.id, len(study_row.trials)
-        profile, note = queries.resolve_profile(
-            session, spec.measure.hardware, environment_id=env_id, device=device, device_name=env_fp["device_name"]
-        )
+        profile, note = queries.resolve_profile(session, spec.measure.hardware, fingerprint=env_fp)
     if note:
         reporter.notice(note)
 
@@ -135,7 +134,12 @@ def run_search(spec: SearchSpec, *, db_url: str, reporter: Reporter | None = Non
         sampler=_sampler(spec),
         load_if_exists=True,
     )
-    _enqueue_baselines(engine, study, study_id, env_id, batch_sizes, techniques)
+    queued = _enqueue_baselines(engine, study, study_id, env_id, batch_sizes, techniques)
+    if queued >= spec.search.n_trials:
+        reporter.notice(
+            f"The first {queued} trials measure the uncompressed model at each batch size; "
+            f"with --n-trials {spec.search.n_trials} no compression is tried in this run."
+        )
 
     objective = _Objective(
         engine=engine,
@@ -374,19 +378,15 @@ def _constraint_values(metrics: dict[str, Any], constraints: Constraints) -> dic
 
 
 def _objective_value(metrics: dict[str, Any], metric: str) -> float:
-    if metric == "latency_p99_upper_ms" and metrics.get(metric) is None:
-        return float(metrics["latency_p99_ms"])  # too few samples for a bound: the point, never "met"
-    if metric == "memory_bytes":
-        return float(memory_bytes(metrics))
-    value = metrics.get(metric)
+    value = objective_value(metrics, metric)
     if value is None:
         raise TechniqueError(f"metric {metric!r} could not be measured for this configuration")
-    return float(value)
+    return value
 
 
 def _enqueue_baselines(
     engine: Engine, study: optuna.Study, study_id: int, env_id: int, batch_sizes: list[int], techniques: dict
-) -> None:
+) -> int:
     """The uncompressed model at every batch size is measured first, in this environment."""
     with session_scope(engine) as session:
         measured = set(
@@ -403,9 +403,22 @@ def _enqueue_baselines(
         t.params.get("batch_size", t.system_attrs.get("fixed_params", {}).get("batch_size"))
         for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
     }
+    queued = 0
     for batch_size in batch_sizes:
         if batch_size not in measured and batch_size not in waiting:
             study.enqueue_trial({"batch_size": batch_size, **{name: False for name in techniques}})
+            queued += 1
+    return queued
+
+
+def _adopt_stored_objectives(session: Any, spec: SearchSpec) -> SearchSpec:
+    """Continuing a study without naming objectives keeps the study's own."""
+    if "objectives" in spec.model_fields_set:
+        return spec
+    row = session.scalars(select(Study).where(Study.name == spec.study_name)).one_or_none()
+    if row is None or "objectives" not in row.spec:
+        return spec
+    return spec.model_copy(update={"objectives": row.spec["objectives"]})
 
 
 def _get_or_create_study(session: Any, spec: SearchSpec) -> Study:
@@ -422,7 +435,8 @@ def _get_or_create_study(session: Any, spec: SearchSpec) -> Study:
     elif row.spec.get("objectives", ["accuracy", "p99"]) != list(spec.objectives):
         raise UsageError(
             f"Study {spec.study_name!r} optimizes {','.join(row.spec.get('objectives', ['accuracy', 'p99']))}, "
-            f"not {','.join(spec.objectives)}; pick another --study name."
+            f"not {','.join(spec.objectives)}; continue it with --objective "
+            f"{','.join(row.spec.get('objectives', ['accuracy', 'p99']))}, or pick another --study name."
         )
     else:
         row.spec = spec_json  # the latest SLO and space; every trial keeps its own config

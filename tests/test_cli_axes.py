@@ -109,12 +109,13 @@ def test_search_stores_the_four_axes_and_optimizes_three_objectives(tmp_path: Pa
     import pareto
 
     db = f"sqlite:///{tmp_path}/p.db"
-    spec = SearchSpec.model_validate({
+    data = {
         "task": TINY, "study": "axes", "objectives": ["accuracy", "p99", "memory"],
         "slo": {"p99": "1s", "min_throughput": "10/s"}, "budget": {"max_memory": "64MiB"},
         "search": {"n_trials": 3, "seed": 0}, "measure": {"device": "cpu", "threads": 1, "warmup": 3},
         "space": {"techniques": {"int8_dynamic": {}, "prune_structured": {"ratio": [0.5]}}},
-    })
+    }
+    spec = SearchSpec.model_validate(data)
     result = run_search(spec, db_url=db)
     assert result.measured >= 1
     optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -126,5 +127,8 @@ def test_search_stores_the_four_axes_and_optimizes_three_objectives(tmp_path: Pa
     assert pick["slo"]["min_throughput_per_s"] == 10.0
     studies = {s["study"]: s for s in pareto.studies(db=db)}
     assert studies["axes"]["objectives"] == ["accuracy", "p99", "memory"]
-    with pytest.raises(Exception, match="optimizes accuracy,p99,memory"):
+    with pytest.raises(Exception, match="continue it with --objective accuracy,p99,memory"):
         run_search(spec.model_copy(update={"objectives": ["accuracy", "p99"]}), db_url=db)
+    unsaid = SearchSpec.model_validate({k: v for k, v in data.items() if k != "objectives"} | {"search": {"n_trials": 1}})
+    assert "objectives" not in unsaid.model_fields_set
+    assert run_search(unsaid, db_url=db).trials_run == 1  # the study's own objectives are kept

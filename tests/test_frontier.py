@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from pareto.errors import NoFeasibleConfiguration
-from pareto.frontier import Candidate, Constraints, frontier, non_dominated, p99_verdict, select_best
+from pareto.frontier import Candidate, Constraints, evaluate, frontier, non_dominated, p99_verdict, select_best
 
 
 def cand(trial: int, acc: float, upper: float, *, lower: float | None = None, samples: int = 1000,
@@ -86,3 +86,12 @@ def test_no_candidates() -> None:
 def test_memory_budget() -> None:
     cands = [cand(1, 0.9, 1.0, params=1000), cand(2, 0.85, 1.0, params=10)]
     assert select_best(cands, Constraints(max_memory_bytes=100), study="s").trial == 2
+
+
+def test_too_few_samples_for_a_bound_still_places_on_the_frontier_as_uncertain() -> None:
+    few = Candidate("s", 1, {}, "config 1", {"accuracy": 0.9, "latency_p99_ms": 3.0, "latency_p99_lower_ms": 2.0,
+                                              "latency_p99_upper_ms": None, "samples": 200, "params_bytes": 1}, {})
+    assert [c.trial for c in frontier([few])] == [1]
+    feasible, violations, _ = evaluate(few, Constraints(p99_ms=7))
+    assert not feasible and "undecided after 200 samples" in violations[0]
+    assert few.slo["undecided_only"] and few.slo["p99_verdict"] == "uncertain"

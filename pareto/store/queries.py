@@ -186,11 +186,28 @@ def study_summaries(session: Session) -> list[dict[str, Any]]:
     return result
 
 
-def latest_calibration(session: Session, environment_id: int) -> HardwareCalibration | None:
+def latest_calibration(session: Session, fingerprint: dict[str, Any]) -> HardwareCalibration | None:
+    """The latest calibration of this environment, else of the same device on the same host with the
+    same torch (calibrated at another thread count)."""
+    from pareto.measure.environment import environment_key
+
+    newest = (HardwareCalibration.created_at.desc(), HardwareCalibration.id.desc())
+    exact = session.scalars(
+        select(HardwareCalibration).join(Environment).where(Environment.key == environment_key(fingerprint))
+        .order_by(*newest).limit(1)
+    ).one_or_none()
+    if exact is not None:
+        return exact
     return session.scalars(
         select(HardwareCalibration)
-        .where(HardwareCalibration.environment_id == environment_id)
-        .order_by(HardwareCalibration.created_at.desc(), HardwareCalibration.id.desc())
+        .join(Environment)
+        .where(
+            Environment.hostname == fingerprint["hostname"],
+            Environment.device == fingerprint["device"],
+            Environment.device_name == fingerprint["device_name"],
+            Environment.torch_version == fingerprint["torch_version"],
+        )
+        .order_by(*newest)
         .limit(1)
     ).one_or_none()
 
@@ -215,7 +232,7 @@ _GPU_PROFILES = (("H200", "h200"), ("H100", "h100-sxm"), ("A100-SXM4-80GB", "a10
 
 
 def resolve_profile(
-    session: Session | None, name: str | None, *, environment_id: int | None, device: str, device_name: str
+    session: Session | None, name: str | None, *, fingerprint: dict[str, Any]
 ) -> tuple[HardwareProfile | None, str | None]:
     """The roofline profile a measurement uses, and a note when there is none.
 
@@ -229,9 +246,8 @@ def resolve_profile(
 
     if name is None:
         return None, None
-    calibration = (
-        latest_calibration(session, environment_id) if session is not None and environment_id is not None else None
-    )
+    device, device_name = fingerprint["device"], fingerprint["device_name"]
+    calibration = latest_calibration(session, fingerprint) if session is not None else None
     if name == "host":
         if calibration is None:
             raise UsageError(
