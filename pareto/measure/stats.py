@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import numpy as np
-from numpy.typing import ArrayLike
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
 #: MLPerf LoadGen's minimum sample count for a 99th-percentile claim at 99 % confidence: the smallest
 #: n for which the second-largest of n samples is an upper bound on the true P99 with probability
@@ -62,6 +62,8 @@ def percentile_ci(samples: ArrayLike, q: float, confidence: float = 0.95) -> Per
     Raises:
         ValueError: no samples, a NaN sample, or ``q`` / ``confidence`` outside (0, 1).
     """
+    import numpy as np  # here, not at import: query commands load this module for the verdict alone
+
     values = np.sort(np.asarray(samples, dtype=float).ravel())
     n = values.size
     if n == 0:
@@ -153,6 +155,8 @@ def summarize(samples_ns: ArrayLike, confidence: float = 0.95) -> LatencySummary
     Raises:
         ValueError: no samples, a NaN sample, or ``confidence`` outside (0, 1).
     """
+    import numpy as np
+
     samples_ms = np.asarray(samples_ns, dtype=float).ravel() / _NS_PER_MS
     p50, p90, p99, p999 = (percentile_ci(samples_ms, q, confidence) for q in (0.5, 0.9, 0.99, 0.999))
     return LatencySummary(
