@@ -215,8 +215,8 @@ def select_best(candidates: Sequence[Candidate], constraints: Constraints, *, st
 
 
 def _p99_key(c: Candidate) -> float:
-    upper = c.metrics.get("latency_p99_upper_ms")
-    return upper if upper is not None else math.inf
+    value = objective_value(c.metrics, "latency_p99_upper_ms")
+    return value if value is not None else math.inf
 
 
 def memory_bytes(metrics: dict[str, Any]) -> int:

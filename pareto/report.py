@@ -104,8 +104,7 @@ def best_card(pick: dict[str, Any]) -> Panel:
     )
     grid.add_row("SLO", _slo_text(slo))
     grid.add_row("method", _latency_method(m))
-    grid.add_row("environment", f"{env['device']} · {env['device_name']} · torch {env['torch_version']} · "
-                 f"{env['threads']} threads · {env['hostname']}")
+    grid.add_row("environment", _environment(env))
     return Panel(grid, title="Best configuration", title_align="left", border_style="green", expand=False)
 
 
@@ -287,8 +286,7 @@ def measure_card(card: dict[str, Any]) -> Panel:
     if m.get("compile_s") is not None:
         grid.add_row("compile", f"{m['compile_s']:.2f} s (first call, not counted as latency)")
     grid.add_row("method", _latency_method(m))
-    grid.add_row("environment", f"{env['device']} · {env['device_name']} · torch {env['torch_version']} · "
-                 f"{env['threads']} threads · {env['hostname']}")
+    grid.add_row("environment", _environment(env))
     return Panel(grid, title="Measurement", title_align="left", expand=False)
 
 
@@ -332,3 +330,7 @@ def _latency_method(m: dict[str, Any]) -> str:
     method = m.get("method") or "—"
     first, sep, _ = method.partition(" | ")  # assess.METHOD_SEPARATOR; not imported: no torch here
     return first + ("  (each term's method: --json)" if sep else "")
+
+
+def _environment(env: dict[str, Any]) -> str:
+    return f"{env['device']} · {env['device_name']} · torch {env['torch_version']} · {env['threads']} threads · {env['hostname']}"

@@ -1,4 +1,5 @@
-"""Trained weights of built-in tasks, cached once per recipe under $PARETO_CACHE_DIR (~/.cache/pareto)."""
+"""Built-in tasks' trained weights, cached once per recipe under $PARETO_CACHE_DIR (~/.cache/pareto),
+and the classification-task shape they share."""
 
 from __future__ import annotations
 
@@ -7,10 +8,14 @@ import json
 import os
 import pickle
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
+
+from pareto.task import Task
 
 
 def cache_path(prefix: str, recipe: dict[str, Any]) -> Path:
@@ -42,3 +47,40 @@ def save_state(state: dict[str, torch.Tensor], path: Path) -> None:
     except BaseException:
         os.unlink(tmp)
         raise
+
+
+def trained_model(path: Path, build: Callable[[], nn.Module], train: Callable[[], dict[str, torch.Tensor]]) -> nn.Module:
+    """The model ``build`` makes, with weights from the cache at ``path``, trained by ``train`` on first use.
+
+    Built on the meta device and given the stored tensors: no wasted init, the caller's RNG untouched.
+    """
+    state = load_state(path)
+    if state is None:
+        state = train()
+        save_state(state, path)
+    with torch.device("meta"):
+        model = build()
+    model.load_state_dict(state, assign=True)
+    return model.eval()
+
+
+def classification_task(
+    name: str,
+    model: nn.Module,
+    x_test: torch.Tensor,
+    y_test: torch.Tensor,
+    **task_fields: Any,
+) -> Task:
+    """A Task scored by top-1 accuracy on a held-out split, timed on real rows of that split."""
+
+    def evaluate(candidate: nn.Module) -> float:
+        candidate.eval()
+        with torch.inference_mode():
+            predicted = candidate(x_test).argmax(dim=1)
+        return (predicted == y_test).float().mean().item()
+
+    def example_input(batch_size: int) -> torch.Tensor:
+        # real rows, repeated when the batch is larger than the test split
+        return x_test[torch.arange(batch_size) % len(x_test)]
+
+    return Task(name=name, model=model, example_input=example_input, evaluate=evaluate, **task_fields)

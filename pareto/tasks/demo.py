@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from pareto.task import Task
-from pareto.tasks._cache import cache_path, load_state, save_state
+from pareto.tasks._cache import cache_path, classification_task, trained_model
 
 #: Hidden width of the three hidden layers (64 -> W -> W -> W -> 10).
 HIDDEN_WIDTH = 1024
@@ -28,32 +28,12 @@ TEST_FRACTION = 0.3
 def make_task() -> Task:
     """Build the demo task, training the model on first use and loading it from the cache after."""
     x_train, y_train, x_test, y_test = _digits()
-    path = _cache_path()
-    state = load_state(path)
-    if state is None:
-        state = _train(x_train, y_train)
-        save_state(state, path)
-    # built on the meta device and given the stored tensors: no wasted init, caller's RNG untouched
-    with torch.device("meta"):
-        model = _build_model()
-    model.load_state_dict(state, assign=True)
-    model.eval()
-
-    def evaluate(candidate: nn.Module) -> float:
-        candidate.eval()
-        with torch.inference_mode():
-            predicted = candidate(x_test).argmax(dim=1)
-        return (predicted == y_test).float().mean().item()
-
-    def example_input(batch_size: int) -> torch.Tensor:
-        # real rows, repeated when the batch is larger than the test split
-        return x_test[torch.arange(batch_size) % len(x_test)]
-
-    return Task(
-        name="demo",
-        model=model,
-        example_input=example_input,
-        evaluate=evaluate,
+    model = trained_model(_cache_path(), _build_model, lambda: _train(x_train, y_train))
+    return classification_task(
+        "demo",
+        model,
+        x_test,
+        y_test,
         train_data=_batches(x_train, y_train),
         batch_size=BATCH_SIZE,
     )
