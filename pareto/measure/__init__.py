@@ -1,5 +1,5 @@
-"""Measurement on the target device: latency with confidence intervals, throughput, memory, compute,
-the roofline against hardware profiles, host calibration, environment.
+"""Measurement on the target device: latency in rounds with confidence bounds and a contention probe,
+throughput, memory, compute, the roofline against hardware profiles, host calibration, environment.
 
 Names are re-exported lazily so that importing ``pareto.measure.stats`` (used by query commands)
 never imports torch. ``calibrate`` is imported from ``pareto.measure.calibrate`` itself: its name is
@@ -15,12 +15,18 @@ _EXPORTS = {
     "MIN_SAMPLES_P99": "stats",
     "LatencySummary": "stats",
     "PercentileEstimate": "stats",
-    "percentile_ci": "stats",
+    "between_round_bounds": "stats",
+    "order_statistic_bounds": "stats",
+    "percentile_bounds": "stats",
     "slo_verdict": "stats",
     "summarize": "stats",
     "LatencyResult": "latency",
+    "RoundPlan": "latency",
+    "Timed": "latency",
+    "measure_interleaved": "latency",
     "measure_latency": "latency",
     "resolve_device": "latency",
+    "ContentionProbe": "probe",
     "params_bytes": "memory",
     "theoretical_bytes": "memory",
     "activation_bytes": "memory",

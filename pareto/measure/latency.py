@@ -1,13 +1,23 @@
-"""Per-call latency on the target device, following the measurement rules in ARCHITECTURE.md."""
+"""Per-call latency on the target device, timed in rounds with a contention guard between them.
+
+The measurement rules: every call is timed on its own (CPU: ``perf_counter_ns``; CUDA: a start/end
+event pair per call, synchronized); warm-up first; ``torch.inference_mode()``; a fixed thread count;
+inputs made before timing; the garbage collector collected, frozen and disabled while timing. Calls
+are grouped in rounds; several models measured together run in interleaved rounds in a random order
+each round (randomized multiple interleaved trials, Abedi & Brecht, ICPE 2017), so that a slow
+spell of the machine hits them alike.
+"""
 
 from __future__ import annotations
 
 import gc
+import math
+import os
 import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -15,14 +25,91 @@ import torch
 from torch import nn
 
 from pareto.errors import UsageError
-from pareto.measure.stats import MIN_SAMPLES_P99, LatencySummary, percentile_ci, slo_verdict, summarize
+from pareto.measure.probe import ContentionProbe
+from pareto.measure.stats import LatencySummary, percentile_bounds, summarize
+from pareto.slo import (
+    DEFAULT_CONFIDENCE,
+    DEFAULT_ROUNDS,
+    DEFAULT_WARMUP,
+    MIN_SAMPLES_P99,
+    min_samples_for_upper_bound,
+    slo_verdict,
+)
 
-_NS_PER_MS = 1e6
+#: Untimed calls before each block when models are interleaved: switching models leaves the caches
+#: to the previous one, and a served model is warm.
+BLOCK_WARMUP = 3
+#: Adaptive sampling times at most this many times the planned rounds.
+ADAPTIVE_ROUNDS_FACTOR = 10
 
 
 @dataclass(frozen=True)
+class Timed:
+    """One model to time, with its inputs (a tensor or a tuple of arguments) and a label."""
+
+    model: nn.Module
+    inputs: Any
+    label: str = ""
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """How a latency measurement is made of rounds.
+
+    Args:
+        samples: Fewest timed calls in all (a "met" P99 needs ``MIN_SAMPLES_P99``).
+        rounds: Rounds the calls are split into; each round has ``ceil(samples / rounds)`` calls.
+        warmup: Untimed calls per model before the first round.
+        confidence: One-sided confidence of every bound (overall, when adaptive).
+        slo_ms: A P99 SLO: turns adaptive sampling on (more rounds until the verdict is decided).
+        budget_s: Adaptive only: no further look starts after this many seconds.
+        max_rounds: Adaptive only: most rounds per model; None means ``10 × rounds``.
+        max_discards: Rounds discarded for contention before a model is given up as "machine busy";
+            None means as many as ``rounds``.
+    """
+
+    samples: int = MIN_SAMPLES_P99
+    rounds: int = DEFAULT_ROUNDS
+    warmup: int = DEFAULT_WARMUP
+    confidence: float = DEFAULT_CONFIDENCE
+    slo_ms: float | None = None
+    budget_s: float | None = None
+    max_rounds: int | None = None
+    max_discards: int | None = None
+
+    def __post_init__(self) -> None:
+        if 1 <= self.samples < self.rounds:  # fewer calls than rounds: one call per round
+            object.__setattr__(self, "rounds", self.samples)
+
+    @property
+    def calls_per_round(self) -> int:
+        return math.ceil(self.samples / self.rounds)
+
+    def check(self) -> None:
+        """Raises UsageError on a plan that cannot be measured."""
+        if self.samples < 1:
+            raise UsageError(f"Latency needs at least 1 timed sample, got {self.samples}.")
+        if self.rounds < 1:
+            raise UsageError(f"Latency needs at least 1 round, got {self.rounds}.")
+        if self.warmup < 0:
+            raise UsageError(f"Warm-up calls cannot be negative, got {self.warmup}.")
+        if not 0.0 < self.confidence < 1.0:
+            raise UsageError(f"Confidence must be between 0 and 1, got {self.confidence}.")
+        if self.slo_ms is not None and not self.slo_ms > 0:
+            raise UsageError(f"A latency SLO must be positive, got {self.slo_ms} ms.")
+        if self.budget_s is not None and not self.budget_s >= 0:
+            raise UsageError(f"A time budget cannot be negative, got {self.budget_s} s.")
+        if self.max_rounds is not None and self.max_rounds < self.rounds:
+            raise UsageError(f"max_rounds ({self.max_rounds}) must be at least rounds ({self.rounds}).")
+
+
+@dataclass
 class LatencyResult:
-    """One latency measurement: its summary and how it was taken."""
+    """One model's latency measurement: its summary, its rounds and how it was taken.
+
+    ``busy`` means the contention guard discarded more rounds than allowed: the summary covers the
+    rounds kept and must not decide a verdict.
+    """
 
     summary: LatencySummary
     warmup: int
@@ -30,7 +117,23 @@ class LatencyResult:
     device: str
     method: str
     elapsed_s: float
-    #: Why adaptive sampling stopped; None when it was not asked for (``slo_ms`` not given).
+    discarded_rounds: int = 0
+    probe_ratio_max: float | None = None
+    load_average: float | None = None
+    busy: bool = False
+    #: Why adaptive sampling or the guard stopped; None when neither did.
+    stop_reason: str | None = None
+
+
+@dataclass
+class _State:
+    item: Timed
+    args: tuple[Any, ...]
+    kept: list[np.ndarray] = field(default_factory=list)
+    discarded: int = 0
+    ratios: list[float] = field(default_factory=list)
+    busy: bool = False
+    done: bool = False
     stop_reason: str | None = None
 
 
@@ -51,9 +154,7 @@ def resolve_device(spec: str) -> str:
     index = int(match.group(1) or 0)
     device = f"cuda:{index}"
     if not torch.cuda.is_available():
-        raise UsageError(
-            f"CUDA device {device!r} was requested but torch sees no CUDA device; use --device cpu."
-        )
+        raise UsageError(f"CUDA device {device!r} was requested but torch sees no CUDA device; use --device cpu.")
     count = torch.cuda.device_count()
     if index >= count:
         raise UsageError(
@@ -65,157 +166,209 @@ def resolve_device(spec: str) -> str:
 
 def measure_latency(
     model: nn.Module,
-    inputs: torch.Tensor | Sequence[torch.Tensor],
+    inputs: torch.Tensor | Sequence[Any],
     *,
     device: str,
-    samples: int = MIN_SAMPLES_P99,
-    warmup: int = 50,
+    plan: RoundPlan | None = None,
     threads: int | None = None,
-    confidence: float = 0.95,
-    slo_ms: float | None = None,
-    budget_s: float | None = None,
-    max_samples: int | None = None,
+    probe: ContentionProbe | None = None,
+    **plan_fields: Any,
 ) -> LatencyResult:
-    """Time ``samples`` forward passes one by one after ``warmup`` untimed ones.
+    """Time one model in rounds (see ``measure_interleaved``); ``plan_fields`` build a ``RoundPlan``.
 
-    The model is put in eval mode and moved to ``device`` in place; inputs are moved there before
-    timing. Calls run under ``torch.inference_mode()`` with the garbage collector collected, frozen
-    and disabled. CPU calls are timed with ``time.perf_counter_ns``; CUDA calls with a start/end
-    event pair each, synchronized after every call so that calls never overlap.
+    Example: ``measure_latency(model, x, device="cpu", samples=662, rounds=20)``.
+    """
+    plan = plan or RoundPlan(**plan_fields)
+    return measure_interleaved([Timed(model, inputs)], device=device, plan=plan, threads=threads, probe=probe)[0]
 
-    Adaptive sampling (only when ``slo_ms`` is given): the P99 verdict (``stats.slo_verdict``) is
-    checked on all samples so far at planned "looks": after ``samples`` calls, then at
-    ``MIN_SAMPLES_P99`` if fewer, then at each doubling of the count, up to ``max_samples``. Timing
-    stops at the first look where the verdict is decided ("met" or "missed"), at ``max_samples``, or
-    at a look after ``budget_s`` seconds have passed since the call began (a chunk is never cut short,
-    so the last one may overrun the budget). Looking repeatedly and stopping on a decision inflates
-    the error rate (simulated with the true P99 at the SLO: false "met" 0.8 % at one look of 662,
-    7.6 % over ten looks at 95 %), so each look, and the returned summary, uses the
-    Bonferroni-corrected confidence ``1 - (1 - confidence) / looks`` (99 % per look for 95 % over the
-    5 looks of 662 → 6620): every stored interval and verdict holds at ``confidence`` overall. The
-    reason for stopping is kept in ``stop_reason`` and in ``method``. Without ``slo_ms`` exactly
-    ``samples`` calls are timed and the summary is at ``confidence``.
 
-    Args:
-        model: The module to time; called as ``model(*inputs)``.
-        inputs: A tensor, or a tuple/list of tensors (non-tensor items are passed as they are).
-        device: "auto", "cpu", "cuda" or "cuda:N".
-        samples: Timed calls (the minimum when adaptive); a P99 verdict of "met" needs at least
-            ``MIN_SAMPLES_P99``.
-        warmup: Untimed calls first (allocator, caches, lazy initialization, autotuning).
-        threads: ``torch.set_num_threads`` while timing; the previous value is restored. None keeps it.
-        confidence: Two-sided coverage of the percentile intervals (overall, when adaptive).
-        slo_ms: A P99 latency SLO in milliseconds; turns adaptive sampling on.
-        budget_s: Wall-clock seconds (warm-up included) after which no further chunk starts; None
-            sets no time limit. Only used with ``slo_ms``.
-        max_samples: Most timed calls when adaptive; None means ``10 × max(samples, MIN_SAMPLES_P99)``.
+def measure_interleaved(
+    items: Sequence[Timed],
+    *,
+    device: str,
+    plan: RoundPlan,
+    threads: int | None = None,
+    probe: ContentionProbe | None = None,
+    seed: int | None = None,
+) -> list[LatencyResult]:
+    """Time every item in rounds, interleaved in a random order each round.
 
-    Returns:
-        The latency summary and a record of the method.
+    Every model is put in eval mode and moved to ``device`` in place, then warmed up. Each round
+    times ``plan.calls_per_round`` calls of every model still measuring, in a fresh random order
+    (with ``BLOCK_WARMUP`` untimed calls first when there are several models). With a ``probe``, the
+    probe is timed after every block: a block whose probe before or after is over the probe's limit
+    is discarded and timed again, up to ``plan.max_discards`` times per model; past that the model
+    is given up as "machine busy" (``busy``). With ``plan.slo_ms`` each model's P99 verdict is
+    checked at planned looks (the planned rounds, then doubling up to ``max_rounds``); a model stops
+    at the first look where it is decided. Looking repeatedly inflates the error rate, so every look
+    and the stored bounds use the Bonferroni-corrected confidence ``1 - (1 - confidence) / looks``;
+    the first look has enough samples for that confidence to bound the P99 at all.
 
     Raises:
-        UsageError: ``samples < 1``, ``warmup < 0``, ``threads < 1``, ``slo_ms <= 0``,
-            ``budget_s < 0``, ``max_samples < samples`` or a bad device.
+        UsageError: a bad plan, thread count or device.
     """
-    if samples < 1:
-        raise UsageError(f"Latency needs at least 1 timed sample, got {samples}.")
-    if warmup < 0:
-        raise UsageError(f"Warm-up calls cannot be negative, got {warmup}.")
+    plan.check()
     if threads is not None and threads < 1:
         raise UsageError(f"Thread count must be at least 1, got {threads}.")
-    if slo_ms is not None and not slo_ms > 0:
-        raise UsageError(f"A latency SLO must be positive, got {slo_ms} ms.")
-    if budget_s is not None and not budget_s >= 0:
-        raise UsageError(f"A time budget cannot be negative, got {budget_s} s.")
-    if max_samples is not None and max_samples < samples:
-        raise UsageError(f"max_samples ({max_samples}) must be at least samples ({samples}).")
     device = resolve_device(device)
+    looks, confidence = _looks(plan)
     started_s = time.perf_counter()
+    load = _load_average()
     previous_threads = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
-    stop_reason: str | None = None
-    looks: list[int] = []
     try:
         used_threads = torch.get_num_threads()
-        model = model.to(device).eval()
-        args = _as_args(inputs, device)
-        on_cuda = device.startswith("cuda")
-        timer = "cuda event pair per call, synchronized" if on_cuda else "perf_counter_ns per call"
-
-        def time_calls(count: int) -> np.ndarray:
-            return _time_cuda(model, args, count, device) if on_cuda else _time_cpu(model, args, count)
-
-        with torch.inference_mode():
-            for _ in range(warmup):
-                model(*args)
-            if on_cuda:
-                torch.cuda.synchronize(device)
-            if slo_ms is None:
-                samples_ns = time_calls(samples)
-            else:
-                limit = max_samples if max_samples is not None else 10 * max(samples, MIN_SAMPLES_P99)
-                looks = _looks(samples, limit)
-                confidence = 1.0 - (1.0 - confidence) / len(looks)
-                samples_ns, stop_reason = _sample_until_decided(
-                    time_calls, looks, slo_ms, confidence, budget_s, started_s
-                )
+        states = [_State(item, as_args(item.inputs, device)) for item in items]
+        for state in states:
+            state.item.model.to(device).eval()
+        timer = _timer(device)
+        rng = np.random.default_rng(seed)
+        with torch.inference_mode(), _gc_paused():
+            for state in states:
+                timer(state.item.model, state.args, plan.warmup, untimed=True)
+            _run_looks(states, looks, plan, confidence, timer, probe, rng, started_s)
     finally:
         if threads is not None:
             torch.set_num_threads(previous_threads)
-    taken = f"{samples_ns.size} samples"
-    if stop_reason is not None:
-        taken += (
-            f" (adaptive from {samples}: {stop_reason}; intervals at {confidence:.4g} per look, "
-            f"Bonferroni over {len(looks)} planned looks)"
-        )
-    method = f"{timer}, {warmup} warm-up, {taken}, inference_mode, gc frozen, {used_threads} threads"
+    elapsed = time.perf_counter() - started_s
+    interleaved = len(states) > 1
+    return [
+        _result(s, plan, confidence, len(looks), used_threads, device, probe, elapsed, load, interleaved)
+        for s in states
+    ]
+
+
+def _looks(plan: RoundPlan) -> tuple[list[int], float]:
+    """Round counts at which the verdict is checked, and the confidence each look uses.
+
+    The first look has at least ``MIN_SAMPLES_P99`` samples and enough for the per-look confidence
+    to bound the P99 at all; then the rounds double up to ``max_rounds`` (default 10x the first).
+    """
+    if plan.slo_ms is None:
+        return [plan.rounds], plan.confidence
+    k = plan.calls_per_round
+    first = max(plan.rounds, math.ceil(MIN_SAMPLES_P99 / k))
+    limit = plan.max_rounds or ADAPTIVE_ROUNDS_FACTOR * first
+    first = min(first, limit)
+    while True:
+        looks = [first]
+        while looks[-1] < limit:
+            looks.append(min(2 * looks[-1], limit))
+        per_look = 1.0 - (1.0 - plan.confidence) / len(looks)
+        needed = math.ceil(min_samples_for_upper_bound(0.99, per_look) / k)
+        if first >= needed or first >= limit:
+            return looks, per_look
+        first = min(needed, limit)
+
+
+def _run_looks(
+    states: list[_State],
+    looks: list[int],
+    plan: RoundPlan,
+    confidence: float,
+    timer: Callable[..., np.ndarray],
+    probe: ContentionProbe | None,
+    rng: np.random.Generator,
+    started_s: float,
+) -> None:
+    max_discards = plan.max_discards if plan.max_discards is not None else plan.rounds
+    block_warmup = BLOCK_WARMUP if len(states) > 1 else 0
+    last = probe.read().ratio if probe is not None else 1.0
+    for index, target in enumerate(looks):
+        while True:
+            pending = [s for s in states if not s.done and len(s.kept) < target]
+            if not pending:
+                break
+            for state in (pending[i] for i in rng.permutation(len(pending))):
+                if block_warmup:
+                    timer(state.item.model, state.args, block_warmup, untimed=True)
+                block = timer(state.item.model, state.args, plan.calls_per_round)
+                now = probe.read().ratio if probe is not None else 1.0
+                ratio, last = max(last, now), now
+                state.ratios.append(ratio)
+                if probe is not None and ratio > probe.limit:
+                    state.discarded += 1
+                    if state.discarded > max_discards:
+                        state.busy = state.done = True
+                        state.stop_reason = (
+                            f"machine busy: {state.discarded} rounds discarded, the probe up to "
+                            f"{max(state.ratios):.2g}x its quiet time"
+                        )
+                else:
+                    state.kept.append(block)
+        if plan.slo_ms is None:
+            return
+        _judge(states, plan.slo_ms, confidence, final=index == len(looks) - 1)
+        if plan.budget_s is not None and time.perf_counter() - started_s >= plan.budget_s:
+            for state in states:
+                if not state.done:
+                    state.done = True
+                    state.stop_reason = f"time budget {plan.budget_s:g} s spent, P99 verdict uncertain at SLO {plan.slo_ms:g} ms"
+            return
+
+
+def _judge(states: list[_State], slo_ms: float, confidence: float, *, final: bool) -> None:
+    for state in states:
+        if state.done:
+            continue
+        rounds_ms = [r / 1e6 for r in state.kept]
+        p99 = percentile_bounds(rounds_ms, 0.99, confidence)
+        verdict = slo_verdict(p99.lower, p99.upper, slo_ms, sum(r.size for r in rounds_ms))
+        if verdict != "uncertain":
+            state.done, state.stop_reason = True, f"P99 verdict {verdict} at SLO {slo_ms:g} ms"
+        elif final:
+            state.done = True
+            state.stop_reason = f"{len(state.kept)} rounds reached, P99 verdict uncertain at SLO {slo_ms:g} ms"
+
+
+def _result(
+    state: _State, plan: RoundPlan, confidence: float, looks: int, threads: int, device: str,
+    probe: ContentionProbe | None, elapsed: float, load: float | None, interleaved: bool,
+) -> LatencyResult:
+    summary = summarize(state.kept, confidence) if state.kept else _empty_summary(confidence)
+    timer = "cuda event pair per call, synchronized" if device.startswith("cuda") else "perf_counter_ns per call"
+    taken = f"{summary.rounds} rounds x {plan.calls_per_round} calls ({summary.samples} samples)"
+    if plan.slo_ms is not None:
+        taken += f", adaptive at up to {looks} looks (Bonferroni: bounds at {confidence:.4g} each)"
+    if interleaved:
+        taken += f", interleaved with other models in random order, {BLOCK_WARMUP} untimed calls per block"
+    guard = "no contention probe"
+    if probe is not None:
+        guard = f"{probe.description}; {state.discarded} rounds discarded"
+    method = (
+        f"{timer}, {plan.warmup} warm-up, {taken}, inference_mode, gc frozen, {threads} threads; {guard}; "
+        f"P99 bound: {summary.p99_bound}, {confidence:.4g} one-sided"
+    )
     return LatencyResult(
-        summary=summarize(samples_ns, confidence),
-        warmup=warmup,
-        threads=used_threads,
+        summary=summary,
+        warmup=plan.warmup,
+        threads=threads,
         device=device,
         method=method,
-        elapsed_s=time.perf_counter() - started_s,
-        stop_reason=stop_reason,
+        elapsed_s=elapsed,
+        discarded_rounds=state.discarded,
+        probe_ratio_max=max(state.ratios) if probe is not None and state.ratios else None,
+        load_average=load,
+        busy=state.busy,
+        stop_reason=state.stop_reason,
     )
 
 
-def _looks(samples: int, limit: int) -> list[int]:
-    """Sample counts at which the adaptive verdict is checked: ``samples``, ``MIN_SAMPLES_P99`` if
-    more, then doubling, capped at ``limit``."""
-    looks = [samples]
-    while looks[-1] < limit:
-        n = looks[-1]
-        looks.append(min(max(2 * n, MIN_SAMPLES_P99), limit))
-    return looks
+def _empty_summary(confidence: float) -> LatencySummary:
+    nan = math.nan
+    return LatencySummary(nan, nan, -math.inf, math.inf, nan, -math.inf, math.inf, nan, -math.inf, math.inf, nan,
+                          -math.inf, math.inf, nan, 0, 0, None, "none: every round discarded", confidence)
 
 
-def _sample_until_decided(
-    time_calls: Callable[[int], np.ndarray],
-    looks: list[int],
-    slo_ms: float,
-    confidence: float,
-    budget_s: float | None,
-    started_s: float,
-) -> tuple[np.ndarray, str]:
-    """Time calls up to each look in turn; stop when the P99 verdict is decided, at the last look,
-    or when ``budget_s`` has passed."""
-    samples_ns = time_calls(looks[0])
-    for target in [*looks[1:], None]:
-        p99 = percentile_ci(samples_ns / _NS_PER_MS, 0.99, confidence)
-        verdict = slo_verdict(p99.lower, p99.upper, slo_ms, samples_ns.size)
-        if verdict != "uncertain":
-            return samples_ns, f"P99 verdict {verdict} at SLO {slo_ms:g} ms"
-        if target is None:
-            return samples_ns, f"max_samples {looks[-1]} reached, P99 verdict uncertain at SLO {slo_ms:g} ms"
-        if budget_s is not None and time.perf_counter() - started_s >= budget_s:
-            return samples_ns, f"time budget {budget_s:g} s spent, P99 verdict uncertain at SLO {slo_ms:g} ms"
-        samples_ns = np.concatenate([samples_ns, time_calls(target - samples_ns.size)])
-    raise AssertionError("unreachable: the last look always returns")
+def _load_average() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):  # not available on this platform
+        return None
 
 
-def _as_args(inputs: torch.Tensor | Sequence[Any], device: str | None) -> tuple[Any, ...]:
+def as_args(inputs: torch.Tensor | Sequence[Any], device: str | None) -> tuple[Any, ...]:
     """The positional arguments of ``model(*args)``, tensors moved to ``device`` (None: left where they are)."""
     items = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
     if device is None:
@@ -225,7 +378,7 @@ def _as_args(inputs: torch.Tensor | Sequence[Any], device: str | None) -> tuple[
 
 @contextmanager
 def _gc_paused() -> Iterator[None]:
-    """Collect, freeze and disable the garbage collector; restore its state afterwards."""
+    """Collect, freeze and disable the garbage collector for a whole measurement; restore it afterwards."""
     was_enabled = gc.isenabled()
     was_frozen = gc.get_freeze_count() > 0
     gc.collect()
@@ -241,26 +394,34 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _time_cpu(model: nn.Module, args: tuple[Any, ...], samples: int) -> np.ndarray:
-    samples_ns = np.empty(samples, dtype=np.int64)
-    with _gc_paused():
-        for i in range(samples):
-            start_ns = time.perf_counter_ns()
-            output = model(*args)
+def _timer(device: str) -> Callable[..., np.ndarray]:
+    """``timer(model, args, count, untimed=False)``: per-call nanoseconds on ``device``."""
+    if device.startswith("cuda"):
+        return lambda model, args, count, untimed=False: _time_cuda(model, args, count, device, untimed)
+    return lambda model, args, count, untimed=False: _time_cpu(model, args, count, untimed)
+
+
+def _time_cpu(model: nn.Module, args: tuple[Any, ...], count: int, untimed: bool = False) -> np.ndarray:
+    samples_ns = np.empty(0 if untimed else count, dtype=np.int64)
+    for i in range(count):
+        start_ns = time.perf_counter_ns()
+        output = model(*args)
+        if not untimed:
             samples_ns[i] = time.perf_counter_ns() - start_ns
-            del output  # freeing the output is not part of the next call's time
+        del output  # freeing the output is not part of the next call's time
     return samples_ns
 
 
-def _time_cuda(model: nn.Module, args: tuple[Any, ...], samples: int, device: str) -> np.ndarray:
+def _time_cuda(model: nn.Module, args: tuple[Any, ...], count: int, device: str, untimed: bool = False) -> np.ndarray:
     with torch.cuda.device(device):
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(samples)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(samples)]
-        with _gc_paused():
-            for start, end in zip(starts, ends):
-                start.record()
-                output = model(*args)
-                end.record()
-                end.synchronize()  # one query at a time: the next call must not overlap this one
-                del output
-    return np.array([start.elapsed_time(end) * _NS_PER_MS for start, end in zip(starts, ends)])
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
+        for start, end in zip(starts, ends):
+            start.record()
+            output = model(*args)
+            end.record()
+            end.synchronize()  # one query at a time: the next call must not overlap this one
+            del output
+    if untimed:
+        return np.empty(0, dtype=np.int64)
+    return np.array([start.elapsed_time(end) * 1e6 for start, end in zip(starts, ends)])

@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from pareto.errors import UsageError
-from pareto.measure.latency import _as_args, resolve_device
+from pareto.measure.latency import as_args, resolve_device
 
 if TYPE_CHECKING:
     from pareto.task import AttentionShape
@@ -119,7 +119,7 @@ def activation_bytes(model: nn.Module, inputs: torch.Tensor | Sequence[Any], dev
     """
     device = resolve_device(device)
     model = model.to(device).eval()
-    args = _as_args(inputs, device)
+    args = as_args(inputs, device)
     with torch.inference_mode():
         if device.startswith("cuda"):
             return _cuda_peak_bytes(model, args, device)

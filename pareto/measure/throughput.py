@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from pareto.errors import UsageError
-from pareto.measure.latency import measure_latency
+from pareto.measure.latency import RoundPlan, measure_latency
 from pareto.measure.stats import MIN_SAMPLES_P99, Verdict, slo_verdict
 
 #: A batch is "saturated" once its throughput reaches this fraction of the sweep's maximum.
@@ -80,11 +80,10 @@ def throughput_curve(
     batch_sizes: Iterable[int],
     *,
     device: str,
-    samples: int = MIN_SAMPLES_P99,
-    warmup: int = 50,
+    plan: RoundPlan | None = None,
     threads: int | None = None,
     slo_ms: float | None = None,
-    confidence: float = 0.95,
+    **plan_fields: Any,
 ) -> ThroughputCurve:
     """Measure latency at each batch size with ``measure_latency`` and derive T(B) = B / mean L(B).
 
@@ -97,11 +96,10 @@ def throughput_curve(
         example_input: ``batch_size -> input``, the task's ``example_input``.
         batch_sizes: Batch sizes to measure, e.g. ``default_batch_sweep(256)``; sorted and deduplicated.
         device: "auto", "cpu", "cuda" or "cuda:N".
-        samples: Timed calls per batch size.
-        warmup: Untimed calls per batch size.
+        plan: How each batch size is timed (rounds, samples, warm-up, confidence); None builds one
+            from ``plan_fields`` (``samples=662, warmup=50``...).
         threads: Torch threads while timing; None keeps the current count.
         slo_ms: P99 SLO in ms for ``max_batch_within_slo``; None leaves it None.
-        confidence: Two-sided coverage of the percentile intervals.
 
     Returns:
         The curve.
@@ -110,6 +108,7 @@ def throughput_curve(
         UsageError: no batch sizes, a batch size below 1, the first batch out of memory, or a bad
             ``measure_latency`` argument.
     """
+    plan = plan or RoundPlan(**plan_fields)
     batches = sorted(set(batch_sizes))
     if not batches:
         raise UsageError("A throughput sweep needs at least one batch size.")
@@ -120,10 +119,7 @@ def throughput_curve(
     method = ""
     for batch in batches:
         try:
-            result = measure_latency(
-                model, example_input(batch), device=device, samples=samples, warmup=warmup,
-                threads=threads, confidence=confidence,
-            )  # fmt: skip
+            result = measure_latency(model, example_input(batch), device=device, plan=plan, threads=threads)
         except torch.OutOfMemoryError:
             stopped_reason = f"batch {batch} ran out of device memory; larger batches not measured"
             break

@@ -1,0 +1,111 @@
+"""The contention guard's reference probe: a fixed small workload timed between latency rounds.
+
+On a shared machine another process can take cores or memory bandwidth in the middle of a
+measurement. The probe is the same work every time (a square fp32 matmul and a memory copy), so its
+time moves only with the machine: a round whose probe before or after it is slower than the quiet
+reference by more than the limit ran on a busy machine and is discarded. The probe runs right after
+model calls, with the same thread count, so the scheduler treats it as it treats the calls (a probe
+after an idle pause is favoured by the scheduler and would look faster than it is).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from pareto.slo import DEFAULT_CONTENTION_LIMIT
+
+_CPU_MATMUL_N, _CUDA_MATMUL_N = 384, 2048
+_CPU_COPY_BYTES, _CUDA_COPY_BYTES = 16 * 2**20, 256 * 2**20
+_REPEATS = 3
+_REFERENCE_PROBES = 9
+_REFERENCE_WORK_S = 0.02
+
+
+@dataclass(frozen=True)
+class ProbeReading:
+    """A probe's time and its ratio to the quiet reference."""
+
+    ms: float
+    ratio: float
+
+
+class ContentionProbe:
+    """Times the reference workload on ``device``; compares it with the environment's quiet time.
+
+    Building one measures this run's reference (``run_reference_ms``, about 0.3 s); the quiet time
+    is the lower of it and the environment's stored quiet time, so a first reference taken on a busy
+    machine is replaced by the next quieter one.
+
+    Args:
+        device: A resolved device ("cpu", "cuda:N").
+        threads: The intra-op thread count the measurements use (the probe must use the same).
+        stored_quiet_ms: The environment's quiet probe time so far; None when it has none yet.
+        limit: Ratio to the quiet time above which the machine counts as busy.
+    """
+
+    def __init__(
+        self,
+        device: str,
+        *,
+        threads: int | None = None,
+        stored_quiet_ms: float | None = None,
+        limit: float = DEFAULT_CONTENTION_LIMIT,
+    ) -> None:
+        if not limit > 1.0:
+            raise ValueError(f"the contention limit must be above 1, got {limit}")
+        self.device, self.limit = device, limit
+        on_cuda = device.startswith("cuda")
+        n = _CUDA_MATMUL_N if on_cuda else _CPU_MATMUL_N
+        nbytes = _CUDA_COPY_BYTES if on_cuda else _CPU_COPY_BYTES
+        generator = torch.Generator().manual_seed(0)
+        self._a = torch.randn(n, n, generator=generator).to(device)
+        self._b = torch.randn(n, n, generator=generator).to(device)
+        self._src = torch.ones(nbytes, dtype=torch.uint8, device=device)
+        self._dst = torch.empty_like(self._src)
+        self._sync: Callable[[], None] = (lambda: torch.cuda.synchronize(device)) if on_cuda else (lambda: None)
+        previous = torch.get_num_threads()
+        if threads is not None:
+            torch.set_num_threads(threads)
+        try:
+            self.run_reference_ms = self._reference()
+        finally:
+            torch.set_num_threads(previous)
+        self.quiet_ms = min(self.run_reference_ms, stored_quiet_ms or self.run_reference_ms)
+        self.description = (
+            f"contention probe ({n}x{n} fp32 matmul + {nbytes // 2**20} MiB copy, median of {_REPEATS}) "
+            f"between rounds; a round is discarded when its probe is over {limit:g}x the quiet {self.quiet_ms:.3g} ms"
+        )
+
+    def time_ms(self) -> float:
+        """The probe's time now: the median of a few runs, in milliseconds."""
+        runs = []
+        with torch.inference_mode():
+            for _ in range(_REPEATS):
+                self._sync()
+                start = time.perf_counter_ns()
+                self._a @ self._b
+                self._dst.copy_(self._src)
+                self._sync()
+                runs.append((time.perf_counter_ns() - start) / 1e6)
+        return statistics.median(runs)
+
+    def read(self) -> ProbeReading:
+        ms = self.time_ms()
+        return ProbeReading(ms, ms / self.quiet_ms)
+
+    def _reference(self) -> float:
+        """This run's reference: the median probe, each right after some busy work."""
+        readings = []
+        with torch.inference_mode():
+            self.time_ms()  # first touch of the buffers and the thread pool
+            for _ in range(_REFERENCE_PROBES):
+                until = time.perf_counter() + _REFERENCE_WORK_S
+                while time.perf_counter() < until:
+                    self._a @ self._b
+                readings.append(self.time_ms())
+        return statistics.median(readings)
