@@ -70,6 +70,26 @@ def test_every_migration_upward_keeps_data(db_url: str) -> None:
         assert session.scalars(select(Study.name)).all() == ["kept"]
         m = session.scalars(select(Measurement)).one()
         assert m.latency_p99_ms == 2.0 and m.trial.description == "baseline @ batch 1"
+        # 0003: a two-sided 95 % interval's ends are one-sided 97.5 % bounds; the row is a search measurement
+        assert m.confidence == pytest.approx(0.975) and m.kind == "search" and m.rounds is None
+        session.add(Measurement(**{c.name: getattr(m, c.name) for c in Measurement.__table__.columns
+                                   if c.name not in {"id", "kind"}}, kind="confirm"))  # several per trial now
+    with session_scope(engine) as session:
+        assert len(session.scalars(select(Measurement)).all()) == 2
+
+
+def test_the_models_match_the_migrations(db_url: str) -> None:
+    """The metric columns come from ``pareto.metrics.Metrics``: a field without a migration fails here."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    from pareto.store.models import Base
+
+    engine = open_engine(db_url)
+    upgrade(engine)
+    with engine.connect() as connection:
+        diff = compare_metadata(MigrationContext.configure(connection, opts={"compare_type": True}), Base.metadata)
+    assert [d for d in diff if not (d[0] == "remove_table" and d[1].name == VERSION_TABLE)] == []
 
 
 def test_our_history_and_optunas_share_one_database(db_url: str) -> None:

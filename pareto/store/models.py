@@ -9,6 +9,8 @@ from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, I
 from sqlalchemy import UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from pareto.metrics import column_specs
+
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
@@ -33,6 +35,8 @@ class Environment(Base):
     threads: Mapped[int] = mapped_column(Integer)
     hostname: Mapped[str] = mapped_column(String(256))
     details: Mapped[dict[str, Any]] = mapped_column(JSON)
+    #: the contention probe's lowest reference time here: what "quiet" means in this environment
+    probe_quiet_ms: Mapped[float | None] = mapped_column(Float)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
@@ -52,7 +56,12 @@ class Study(Base):
 
 
 class Trial(Base):
-    """One configuration tried in a study: COMPLETE with a measurement, FAILED with a reason, or RUNNING."""
+    """One configuration tried in a study.
+
+    ``state``: RUNNING; COMPLETE (measured); DUPLICATE (answered from an earlier trial's measurement);
+    FAILED (``error`` says why); BUSY (the contention guard gave up: no verdict, measured again when
+    proposed again).
+    """
 
     __tablename__ = "pareto_trials"
     __table_args__ = (UniqueConstraint("study_id", "optuna_number", name="uq_trial_study_optuna_number"),)
@@ -78,55 +87,71 @@ class Trial(Base):
 
     study: Mapped[Study] = relationship(back_populates="trials")
     environment: Mapped[Environment | None] = relationship()
-    measurement: Mapped[Measurement | None] = relationship(back_populates="trial", uselist=False)
+    measurements: Mapped[list[Measurement]] = relationship(back_populates="trial", order_by="Measurement.id")
 
 
-class Measurement(Base):
-    """Everything measured for one trial, with the method that produced it."""
+def _sql_type(python_type: type, metadata: dict[str, Any]) -> Any:
+    kind = metadata.get("sql")
+    if kind == "big":
+        return BigInteger()
+    if kind == "string":
+        return String(metadata["length"])
+    if kind == "text" or python_type is str:
+        return Text()
+    return {float: Float(), int: Integer(), bool: Boolean(), list: JSON()}[python_type]
+
+
+#: One column per field of ``pareto.metrics.Metrics``: the record is the schema's single source.
+_MetricColumns: type = type(
+    "_MetricColumns",
+    (),
+    {name: mapped_column(_sql_type(py, meta), nullable=nullable) for name, py, nullable, meta in column_specs()},
+)
+
+
+class Run(Base):
+    """One invocation that measured: a search, a confirmation, a re-measurement.
+
+    Speedups divide by the baseline measured in the same run, and the run says when, where and by
+    which process the measurements were taken.
+    """
+
+    __tablename__ = "pareto_runs"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    study_id: Mapped[int | None] = mapped_column(ForeignKey("pareto_studies.id", ondelete="CASCADE"), index=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    environment_id: Mapped[int] = mapped_column(ForeignKey("pareto_environments.id"))
+    hostname: Mapped[str] = mapped_column(String(256))
+    pid: Mapped[int] = mapped_column(Integer)
+    probe_reference_ms: Mapped[float | None] = mapped_column(Float)
+    details: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    environment: Mapped[Environment] = relationship()
+
+
+class Measurement(_MetricColumns, Base):
+    """One measurement of a trial's configuration (the ``Metrics`` columns), with where and why.
+
+    ``kind``: "search" (the trial itself), "baseline" (the uncompressed model timed again at the start
+    of a run), "confirm" (re-measured in interleaved rounds with the baseline) or "remeasure"
+    (``pareto measure --trial``).
+    """
 
     __tablename__ = "pareto_measurements"
 
     id: Mapped[int] = mapped_column(primary_key=True)
-    trial_id: Mapped[int] = mapped_column(ForeignKey("pareto_trials.id", ondelete="CASCADE"), unique=True)
+    trial_id: Mapped[int] = mapped_column(ForeignKey("pareto_trials.id", ondelete="CASCADE"), index=True)
     environment_id: Mapped[int] = mapped_column(ForeignKey("pareto_environments.id"))
-    accuracy: Mapped[float] = mapped_column(Float)
-    batch_size: Mapped[int] = mapped_column(Integer)
-    latency_mean_ms: Mapped[float] = mapped_column(Float)
-    latency_p50_ms: Mapped[float] = mapped_column(Float)
-    latency_p50_lower_ms: Mapped[float | None] = mapped_column(Float)
-    latency_p50_upper_ms: Mapped[float | None] = mapped_column(Float)
-    latency_p90_ms: Mapped[float] = mapped_column(Float)
-    latency_p99_ms: Mapped[float] = mapped_column(Float)
-    latency_p99_lower_ms: Mapped[float | None] = mapped_column(Float)
-    latency_p99_upper_ms: Mapped[float | None] = mapped_column(Float)
-    latency_p999_ms: Mapped[float] = mapped_column(Float)
-    p99_p50_ratio: Mapped[float] = mapped_column(Float)
-    samples: Mapped[int] = mapped_column(Integer)
-    warmup: Mapped[int] = mapped_column(Integer)
-    confidence: Mapped[float] = mapped_column(Float)
-    method: Mapped[str] = mapped_column(Text)
-    throughput_per_s: Mapped[float] = mapped_column(Float)
-    params_bytes: Mapped[int] = mapped_column(BigInteger)
-    theoretical_bytes: Mapped[int] = mapped_column(BigInteger)
-    compression_ratio: Mapped[float] = mapped_column(Float)
-    # the four axes beyond latency (revision 0002); None on rows measured before it
-    activation_bytes: Mapped[int | None] = mapped_column(BigInteger)
-    kv_cache_bytes: Mapped[int | None] = mapped_column(BigInteger)
-    memory_bytes: Mapped[int | None] = mapped_column(BigInteger)
-    flops: Mapped[int | None] = mapped_column(BigInteger)
-    bytes_moved: Mapped[int | None] = mapped_column(BigInteger)
-    arithmetic_intensity: Mapped[float | None] = mapped_column(Float)
-    hardware_profile: Mapped[str | None] = mapped_column(String(128))
-    roofline_bound_ms: Mapped[float | None] = mapped_column(Float)
-    regime: Mapped[str | None] = mapped_column(String(16))
-    achieved_fraction: Mapped[float | None] = mapped_column(Float)
-    throughput_curve: Mapped[list[Any] | None] = mapped_column(JSON)
-    saturation_batch: Mapped[int | None] = mapped_column(Integer)
-    max_batch_within_slo: Mapped[int | None] = mapped_column(Integer)
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("pareto_runs.id", ondelete="SET NULL"), index=True)
+    kind: Mapped[str] = mapped_column(String(16), default="search")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
-    trial: Mapped[Trial] = relationship(back_populates="measurement")
+    trial: Mapped[Trial] = relationship(back_populates="measurements")
     environment: Mapped[Environment] = relationship()
+    run: Mapped[Run | None] = relationship()
 
 
 class HardwareCalibration(Base):
@@ -139,6 +164,8 @@ class HardwareCalibration(Base):
     peak_flops: Mapped[dict[str, Any]] = mapped_column(JSON)
     memory_bandwidth_bytes_per_s: Mapped[float] = mapped_column(Float)
     method: Mapped[str] = mapped_column(Text)
+    #: set when a measurement ran faster than this calibration's roofline allows: calibrate again
+    suspect_reason: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
     environment: Mapped[Environment] = relationship()

@@ -8,48 +8,12 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, joinedload
 
 from pareto.errors import UsageError
-from pareto.frontier import Candidate
+from pareto.frontier import DEFAULT_OBJECTIVE_NAMES, Candidate
+from pareto.metrics import Metrics
 from pareto.store.models import Environment, HardwareCalibration, Measurement, Study, Trial
 
 if TYPE_CHECKING:
     from pareto.measure.roofline import HardwareProfile
-
-#: Metric names copied from a measurement row into a candidate's ``metrics``.
-MEASUREMENT_METRICS = (
-    "accuracy",
-    "batch_size",
-    "latency_mean_ms",
-    "latency_p50_ms",
-    "latency_p50_lower_ms",
-    "latency_p50_upper_ms",
-    "latency_p90_ms",
-    "latency_p99_ms",
-    "latency_p99_lower_ms",
-    "latency_p99_upper_ms",
-    "latency_p999_ms",
-    "p99_p50_ratio",
-    "samples",
-    "warmup",
-    "confidence",
-    "throughput_per_s",
-    "params_bytes",
-    "theoretical_bytes",
-    "compression_ratio",
-    "activation_bytes",
-    "kv_cache_bytes",
-    "memory_bytes",
-    "flops",
-    "bytes_moved",
-    "arithmetic_intensity",
-    "hardware_profile",
-    "roofline_bound_ms",
-    "regime",
-    "achieved_fraction",
-    "throughput_curve",
-    "saturation_batch",
-    "max_batch_within_slo",
-)
-
 
 def get_study(session: Session, name: str) -> Study:
     """The study called ``name``.
@@ -115,42 +79,131 @@ def environment_dict(env: Environment) -> dict[str, Any]:
     }
 
 
-def candidates(session: Session, study: Study) -> list[Candidate]:
-    """Every completed trial of ``study`` with its measurement and speedups over the baseline.
+def study_environments(session: Session, study: Study) -> list[dict[str, Any]]:
+    """The environments a study was measured in, most recent first, each with its measurement count."""
+    rows = session.execute(
+        select(Environment, func.count(Measurement.id), func.max(Measurement.created_at))
+        .join(Measurement, Measurement.environment_id == Environment.id)
+        .join(Trial, Measurement.trial_id == Trial.id)
+        .where(Trial.study_id == study.id)
+        .group_by(Environment.id)
+        .order_by(func.max(Measurement.created_at).desc(), Environment.id.desc())
+    ).all()
+    return [
+        {**environment_dict(env), "measurements": n, "last_measured_at": last.isoformat() if last else None}
+        for env, n, last in rows
+    ]
 
-    The baseline of a trial is the study's uncompressed trial at the same batch size in the same
-    environment; without one, the speedups are None.
+
+def choose_environment(session: Session, study: Study, choice: str | None) -> Environment | None:
+    """The environment a query compares measurements in: ``latest`` (the default: where the study was
+    last measured), an environment key (or a unique prefix of one), or ``all`` (None: every one).
+
+    Raises:
+        UsageError: the key matches no environment of the study, or several.
     """
-    rows = session.scalars(
+    choice = (choice or "latest").strip()
+    if choice == "all":
+        return None
+    known = study_environments(session, study)
+    if not known:
+        return None
+    if choice == "latest":
+        matches = [known[0]]
+    else:
+        matches = [e for e in known if e["key"].startswith(choice)]
+    if len(matches) != 1:
+        listed = ", ".join(f"{e['key']} ({e['device_name']}, {e['threads']} threads, {e['hostname']})" for e in known)
+        what = "matches none" if not matches else "matches several"
+        raise UsageError(f"Environment {choice!r} {what} of study {study.name!r}; its environments: {listed}.")
+    return session.scalars(select(Environment).where(Environment.key == matches[0]["key"])).one()
+
+
+def candidates(session: Session, study: Study, environment: Environment | None = None) -> list[Candidate]:
+    """The completed trials of ``study`` measured in ``environment`` (None: in every one), each once
+    per environment with its preferred measurement and speedups.
+
+    A trial's metrics come from its latest confirmation in that environment, else from its search
+    measurement. Speedups divide by the baseline (the uncompressed model at the same batch size)
+    timed in the same run; a measurement whose run timed none (stored before runs existed) uses the
+    latest baseline of its environment, and ``speedup_basis`` says which.
+    """
+    query = (
         select(Measurement)
         .join(Trial)
         .where(Trial.study_id == study.id, Trial.state == "COMPLETE")
         .options(joinedload(Measurement.trial), joinedload(Measurement.environment))
-        .order_by(Trial.optuna_number)
-    ).all()
-    baselines: dict[tuple[int, int], Measurement] = {}
+        .order_by(Trial.optuna_number, Measurement.id)
+    )
+    if environment is not None:
+        query = query.where(Measurement.environment_id == environment.id)
+    rows = session.scalars(query).all()
+    chosen: dict[tuple[int, int], Measurement] = {}
+    by_run: dict[tuple[int | None, int], Measurement] = {}
+    latest_base: dict[tuple[int, int], Measurement] = {}
     for m in rows:
         if m.trial.is_baseline:
-            baselines.setdefault((m.batch_size, m.environment_id), m)
+            by_run.setdefault((m.run_id, m.batch_size), m)
+            previous = latest_base.get((m.environment_id, m.batch_size))
+            if previous is None or m.id > previous.id:
+                latest_base[(m.environment_id, m.batch_size)] = m
+        key = (m.trial_id, m.environment_id)
+        # rows come in id order: the search measurement first, then each confirmation replaces it
+        if m.kind == "confirm" or (m.kind == "search" and key not in chosen):
+            chosen[key] = m
     result = []
-    for m in rows:
-        metrics = {name: getattr(m, name) for name in MEASUREMENT_METRICS}
-        base = baselines.get((m.batch_size, m.environment_id))
-        metrics["speedup_p50"] = base.latency_p50_ms / m.latency_p50_ms if base else None
-        metrics["speedup_p99"] = base.latency_p99_ms / m.latency_p99_ms if base else None
-        metrics["accuracy_delta"] = m.accuracy - base.accuracy if base else None
-        metrics["method"] = m.method
-        result.append(
-            Candidate(
-                study=study.name,
-                trial=m.trial.optuna_number,
-                config=m.trial.config,
-                description=m.trial.description,
-                metrics=metrics,
-                environment=environment_dict(m.environment),
-            )
-        )
+    for m in sorted(chosen.values(), key=lambda r: (r.trial.optuna_number, r.environment_id)):
+        base = by_run.get((m.run_id, m.batch_size)) if m.run_id is not None else None
+        basis = "same run" if base is not None else None
+        if base is None:
+            base = latest_base.get((m.environment_id, m.batch_size))
+            basis = "another run" if base is not None else None
+        result.append(_candidate(study.name, m, base, basis))
     return result
+
+
+def trial_measurements(session: Session, study: Study, number: int) -> tuple[int, list[Candidate]]:
+    """Trial ``number``'s row id and its preferred measurement in each environment, latest first.
+
+    Raises:
+        UsageError: no such trial, or one that was never measured (failed, busy, a repeat).
+    """
+    trial = session.scalars(select(Trial).where(Trial.study_id == study.id, Trial.optuna_number == number)).one_or_none()
+    if trial is None:
+        last = session.scalar(select(func.max(Trial.optuna_number)).where(Trial.study_id == study.id))
+        known = f"its trials are 0 to {last}" if last is not None else "it has no trials yet"
+        raise UsageError(f"Study {study.name!r} has no trial {number}; {known}.")
+    if trial.state != "COMPLETE":
+        why = f" ({trial.error})" if trial.error else ""
+        raise UsageError(f"Trial {number} of study {study.name!r} is {trial.state}{why}; there is no measurement to compare with.")
+    found = [c for c in candidates(session, study) if c.trial == number]
+    order = {e["key"]: i for i, e in enumerate(study_environments(session, study))}
+    return trial.id, sorted(found, key=lambda c: order.get(c.environment["key"], len(order)))
+
+
+def _candidate(study: str, m: Measurement, base: Measurement | None, basis: str | None) -> Candidate:
+    metrics = Metrics.from_row(m).to_dict()
+    metrics["speedup_p50"] = base.latency_p50_ms / m.latency_p50_ms if base else None
+    metrics["speedup_p99"] = base.latency_p99_ms / m.latency_p99_ms if base else None
+    metrics["accuracy_delta"] = m.accuracy - base.accuracy if base else None
+    metrics["speedup_basis"] = basis
+    confirmation = None
+    if m.kind == "confirm":
+        confirmation = {
+            "rounds": m.rounds,
+            "discarded_rounds": m.discarded_rounds,
+            "confirmed_at": m.created_at.isoformat(),
+            "run": m.run_id,
+        }
+    return Candidate(
+        study=study,
+        trial=m.trial.optuna_number,
+        config=m.trial.config,
+        description=m.trial.description,
+        metrics=metrics,
+        environment=environment_dict(m.environment),
+        confirmation=confirmation,
+    )
 
 
 def study_summaries(session: Session) -> list[dict[str, Any]]:
@@ -177,7 +230,7 @@ def study_summaries(session: Session) -> list[dict[str, Any]]:
                 "running": counts.get((s.id, "RUNNING"), 0),
                 "slo": s.spec.get("slo", {}),
                 "scenario": s.spec.get("scenario"),
-                "objectives": s.spec.get("objectives", ["accuracy", "p99"]),
+                "objectives": s.spec.get("objectives", list(DEFAULT_OBJECTIVE_NAMES)),
                 "environments": n_env or 0,
                 "created_at": s.created_at.isoformat(),
                 "updated_at": s.updated_at.isoformat(),
@@ -223,44 +276,27 @@ def calibration_profile(row: HardwareCalibration) -> HardwareProfile:
         memory_bandwidth_bytes_per_s=row.memory_bandwidth_bytes_per_s,
         method=row.method,
         measured_at=row.created_at.isoformat(),
+        calibration_id=row.id,
     )
 
 
-#: GPU names (as torch reports them) to datasheet profiles, most specific first.
-_GPU_PROFILES = (("H200", "h200"), ("H100", "h100-sxm"), ("A100-SXM4-80GB", "a100-80gb"), ("A100 80GB", "a100-80gb"),
-                 ("A100", "a100-40gb"), ("V100", "v100"))
-
-
-def resolve_profile(
-    session: Session | None, name: str | None, *, fingerprint: dict[str, Any]
+def host_calibration(
+    session: Session | None, fingerprint: dict[str, Any]
 ) -> tuple[HardwareProfile | None, str | None]:
-    """The roofline profile a measurement uses, and a note when there is none.
+    """This host's latest calibration as a roofline profile, or None and why.
 
-    ``auto``: a CUDA device's datasheet profile by its name, else this host's latest calibration.
-    ``host``: the latest calibration of this environment. Any other name: a configs/hardware profile.
-
-    Raises:
-        UsageError: an unknown profile name, or ``host`` without a calibration.
+    A calibration that a measurement beat (``suspect_reason``) is not used: its ceilings are wrong.
     """
-    from pareto.measure.roofline import load_profile
-
-    if name is None:
+    row = latest_calibration(session, fingerprint) if session is not None else None
+    if row is None:
         return None, None
-    device, device_name = fingerprint["device"], fingerprint["device_name"]
-    calibration = latest_calibration(session, fingerprint) if session is not None else None
-    if name == "host":
-        if calibration is None:
-            raise UsageError(
-                "No calibration of this machine is stored; run 'pareto calibrate' first, "
-                "or name a profile with --hardware (see 'pareto hardware')."
-            )
-        return calibration_profile(calibration), None
-    if name != "auto":
-        return load_profile(name), None
-    if device.startswith("cuda"):
-        for marker, profile in _GPU_PROFILES:
-            if marker.lower() in device_name.lower():
-                return load_profile(profile), None
-    if calibration is not None:
-        return calibration_profile(calibration), None
-    return None, "No roofline: run 'pareto calibrate' once to measure this machine's ceilings, or pass --hardware."
+    if row.suspect_reason:
+        return None, f"The calibration of {row.created_at:%Y-%m-%d %H:%M} is not used: {row.suspect_reason}."
+    return calibration_profile(row), None
+
+
+def mark_calibration_suspect(session: Session, calibration_id: int, reason: str) -> None:
+    """Record that a measurement beat this calibration's roofline: its ceilings are too low."""
+    row = session.get(HardwareCalibration, calibration_id)
+    if row is not None and row.suspect_reason is None:
+        row.suspect_reason = reason
