@@ -42,6 +42,10 @@ db_option = click.option(
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 study_option = click.option("--study", help="Study name (default: the only study in the database).")
+environment_option = click.option(
+    "--environment", metavar="KEY|latest|all",
+    help="Compare measurements from this environment only [default: latest, where the study was last measured].",
+)
 
 
 def slo_options(func: Any) -> Any:
@@ -73,10 +77,18 @@ def cli() -> None:
 @click.option("--sampler", type=click.Choice(["tpe", "nsga2", "random"]), help="Optuna sampler [default tpe].")
 @click.option("--device", help="auto, cpu, cuda or cuda:N [default auto].")
 @click.option("--threads", type=click.IntRange(min=1), help="Intra-op threads while timing [default torch's].")
-@click.option("--samples", type=click.IntRange(min=1), help="Timed calls per trial [default 662].")
+@click.option("--samples", type=click.IntRange(min=1), help="Fewest timed calls per trial [default 662].")
+@click.option("--rounds", type=click.IntRange(min=1), help="Rounds the calls are split into [default 20].")
 @click.option("--warmup", type=click.IntRange(min=0), help="Untimed warm-up calls [default 50].")
+@click.option("--confidence", type=click.FloatRange(min=0.9, max=1, max_open=True),
+              help="One-sided confidence of every latency bound [default 0.99].")
+@click.option("--contention-limit", type=click.FloatRange(min=1, min_open=True),
+              help="Discard a round when the probe is this many times slower than quiet [default 1.5].")
+@click.option("--no-guard", is_flag=True, help="Time without the contention probe between rounds.")
 @click.option("--adaptive-budget", type=DURATION,
               help="Keep timing past --samples until the P99 verdict is decided, up to this long a trial (e.g. 20s).")
+@click.option("--confirm-top", type=click.IntRange(min=0),
+              help="Confirm this many of the best configurations after the trials [default 3; 0: none].")
 @db_option
 @json_option
 def search(config_path: str | None, db: str | None, as_json: bool, **flags: Any) -> int:
@@ -101,10 +113,16 @@ def search(config_path: str | None, db: str | None, as_json: bool, **flags: Any)
         "measure.device": flags["device"],
         "measure.threads": flags["threads"],
         "measure.samples": flags["samples"],
+        "measure.rounds": flags["rounds"],
         "measure.warmup": flags["warmup"],
+        "measure.confidence": flags["confidence"],
+        "measure.contention_limit": flags["contention_limit"],
         "measure.adaptive_budget": flags["adaptive_budget"],
+        "search.confirm_top": flags["confirm_top"],
     }
     spec = load_spec(config_path, overrides)
+    if flags["no_guard"]:
+        spec = spec.model_copy(update={"measure": spec.measure.model_copy(update={"contention_limit": None})})
     from pareto.report import ProgressReporter
 
     with ProgressReporter(err, enabled=not as_json) as reporter:
@@ -119,6 +137,8 @@ def search(config_path: str | None, db: str | None, as_json: bool, **flags: Any)
                 "frontier": [c.to_dict() for c in result.frontier],
                 "best": result.best.to_dict() if result.best else None,
                 "no_best_reason": result.no_best_reason,
+                "busy_trials": result.busy,
+                "confirmation": result.confirmation.to_dict() if result.confirmation else None,
             }
         )
         return 130 if result.interrupted else 0
@@ -129,6 +149,15 @@ def search(config_path: str | None, db: str | None, as_json: bool, **flags: Any)
             f"Interrupted: {_count(result.measured, 'trial')} measured in this run, all stored. "
             "Run the same command to continue the study."
         )
+    if result.busy:
+        err.print(
+            f"{_count(result.busy, 'trial')} could not be judged: the machine stayed busy (stored as BUSY, "
+            "not shown to the sampler; measured again when proposed again)."
+        )
+    if result.confirmation is not None and result.confirmation.items:
+        from pareto.report import confirmation_table
+
+        out.print(confirmation_table(result.confirmation.to_dict()))
     out.print(frontier_table(result.frontier, width=out.width))
     if result.best is not None:
         out.print(best_card(result.best.to_dict()))
@@ -140,14 +169,17 @@ def search(config_path: str | None, db: str | None, as_json: bool, **flags: Any)
 @cli.command()
 @study_option
 @slo_options
+@environment_option
 @db_option
 @json_option
 def best(study: str | None, slo_p99: str | None, min_accuracy: float | None, max_memory: str | None,
-         db: str | None, as_json: bool) -> None:
+         environment: str | None, db: str | None, as_json: bool) -> None:
     """The stored configuration with the highest accuracy that meets the SLO (conservative bound)."""
     from pareto.api import best as query
 
-    pick = query(study=study, slo_p99=slo_p99, min_accuracy=min_accuracy, max_memory=max_memory, db=db)
+    pick = query(study=study, slo_p99=slo_p99, min_accuracy=min_accuracy, max_memory=max_memory,
+                 environment=environment, db=db)
+    _environment_note(pick["environment"])
     if as_json:
         _print_json(pick)
         return
@@ -159,20 +191,62 @@ def best(study: str | None, slo_p99: str | None, min_accuracy: float | None, max
 @cli.command()
 @study_option
 @slo_options
+@environment_option
 @db_option
 @json_option
 def frontier(study: str | None, slo_p99: str | None, min_accuracy: float | None, max_memory: str | None,
-             db: str | None, as_json: bool) -> None:
+             environment: str | None, db: str | None, as_json: bool) -> None:
     """The Pareto frontier of a study: accuracy against the P99 upper bound."""
     from pareto.api import frontier as query
 
-    front = query(study=study, slo_p99=slo_p99, min_accuracy=min_accuracy, max_memory=max_memory, db=db)
+    front = query(study=study, slo_p99=slo_p99, min_accuracy=min_accuracy, max_memory=max_memory,
+                  environment=environment, db=db)
+    if front:
+        _environment_note(front[0]["environment"])
     if as_json:
         _print_json(front)
         return
     from pareto.report import frontier_table
 
-    out.print(frontier_table(front, width=out.width))
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for row in front:
+        groups.setdefault(row["environment"]["key"], []).append(row)
+    for rows in groups.values() or [[]]:
+        title = "Pareto frontier" if len(groups) < 2 else f"Pareto frontier in environment {rows[0]['environment']['key']}"
+        out.print(frontier_table(rows, title=title, width=out.width))
+
+
+@cli.command()
+@study_option
+@slo_options
+@click.option("--top", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Confirm this many of the best feasible and near-feasible configurations.")
+@click.option("--margin", type=click.FloatRange(min=1), default=1.5, show_default=True,
+              help="Near-feasible: a P99 upper bound within this multiple of the SLO.")
+@environment_option
+@click.option("--device", help="auto, cpu, cuda or cuda:N [default: the study's].")
+@click.option("--threads", type=click.IntRange(min=1), help="Intra-op threads while timing [default: the study's].")
+@db_option
+@json_option
+def confirm(study: str | None, slo_p99: str | None, min_accuracy: float | None, max_memory: str | None, top: int,
+            margin: float, environment: str | None, device: str | None, threads: int | None, db: str | None,
+            as_json: bool) -> None:
+    """Re-measure the best configurations in interleaved rounds with the baseline; `best` then prefers them."""
+    from pareto.api import confirm as run
+
+    result = run(study=study, slo_p99=slo_p99, min_accuracy=min_accuracy, max_memory=max_memory, top=top,
+                 margin=margin, environment=environment, device=device, threads=threads, db=db)
+    if as_json:
+        _print_json(result)
+        return
+    from pareto.report import confirmation_table
+
+    out.print(confirmation_table(result))
+
+
+def _environment_note(environment: dict[str, Any]) -> None:
+    if environment.get("note"):
+        err.print(environment["note"], markup=False)
 
 
 @cli.command()
@@ -204,27 +278,38 @@ def studies(db: str | None, as_json: bool) -> None:
 @click.option("--task", default="demo", show_default=True, help="Built-in task name or package.module:factory.")
 @click.option("--technique", "techniques", multiple=True, metavar="NAME[:key=value,…]",
               help="A technique to apply, repeatable, e.g. prune_structured:ratio=0.5.")
+@click.option("--study", help="With --trial: the study whose stored trial to measure again.")
+@click.option("--trial", type=click.IntRange(min=0), help="Measure this stored trial again with its stored method.")
 @click.option("--batch-size", type=click.IntRange(min=1), help="Batch size [default: the task's].")
 @click.option("--slo-p99", type=DURATION, help="Judge the P99 against this bound, e.g. 7ms.")
 @click.option("--hardware", default="auto", show_default=True, help="Roofline profile, host, auto or none.")
-@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@click.option("--device", help="auto, cpu, cuda or cuda:N [default auto; with --trial: the stored one].")
 @click.option("--threads", type=click.IntRange(min=1), help="Intra-op threads while timing.")
-@click.option("--samples", type=click.IntRange(min=1), default=662, show_default=True, help="Timed calls.")
+@click.option("--samples", type=click.IntRange(min=1), default=662, show_default=True, help="Fewest timed calls.")
+@click.option("--rounds", type=click.IntRange(min=1), default=20, show_default=True, help="Rounds the calls are split into.")
 @click.option("--warmup", type=click.IntRange(min=0), default=50, show_default=True, help="Warm-up calls.")
+@click.option("--confidence", type=click.FloatRange(min=0.9, max=1, max_open=True), default=0.99, show_default=True,
+              help="One-sided confidence of every latency bound.")
 @click.option("--sweep", is_flag=True, help="Also measure the throughput curve over a batch sweep.")
 @click.option("--adaptive-budget", type=DURATION, default="20s", show_default=True,
               help="With --slo-p99: keep timing until the verdict is decided, up to this long.")
 @db_option
 @json_option
-def measure(task: str, techniques: tuple[str, ...], batch_size: int | None, slo_p99: str | None, hardware: str,
-            device: str, threads: int | None, samples: int, warmup: int, sweep: bool, adaptive_budget: str,
-            db: str | None, as_json: bool) -> None:
-    """Measure one configuration on all four axes, beside the uncompressed model, outside any study."""
+def measure(task: str, techniques: tuple[str, ...], study: str | None, trial: int | None, batch_size: int | None,
+            slo_p99: str | None, hardware: str, device: str | None, threads: int | None, samples: int, rounds: int,
+            warmup: int, confidence: float, sweep: bool, adaptive_budget: str, db: str | None, as_json: bool) -> None:
+    """Measure one configuration on all four axes beside the uncompressed model, or a stored trial again."""
+    if trial is not None:
+        _remeasure(study, trial, slo_p99, device, db, as_json)
+        return
+    if study is not None:
+        raise UsageError("--study needs --trial N: name the stored trial to measure again.")
     from pareto.api import measure as run
 
     card = run(task, techniques=techniques, batch_size=batch_size, slo_p99=slo_p99,
-               hardware=None if hardware.lower() == "none" else hardware, device=device, threads=threads,
-               samples=samples, warmup=warmup, sweep=sweep, adaptive_budget=adaptive_budget, db=db)
+               hardware=None if hardware.lower() == "none" else hardware, device=device or "auto", threads=threads,
+               samples=samples, rounds=rounds, warmup=warmup, confidence=confidence, sweep=sweep,
+               adaptive_budget=adaptive_budget, db=db)
     notes = card.pop("notes")
     if as_json:
         _print_json(card)
@@ -234,6 +319,22 @@ def measure(task: str, techniques: tuple[str, ...], batch_size: int | None, slo_
     out.print(measure_card(card))
     for note in notes:
         err.print(note)
+
+
+def _remeasure(study: str | None, trial: int, slo_p99: str | None, device: str | None, db: str | None,
+               as_json: bool) -> None:
+    from pareto.api import remeasure
+
+    card = remeasure(study=study, trial=trial, slo_p99=slo_p99, device=device, db=db)
+    notes = card.pop("notes")
+    for note in notes:
+        err.print(note, markup=False)
+    if as_json:
+        _print_json(card)
+        return
+    from pareto.report import remeasure_card
+
+    out.print(remeasure_card(card))
 
 
 @cli.command()

@@ -1,19 +1,22 @@
-"""Independent re-measurement of the stored pick: does the stored P99 hold up?
+"""Does the pick hold up? Independent re-measurements of the stored pick, each in its own process.
 
-Loads the configuration ``pareto best`` returns, rebuilds it from the task, times it again with a
-fresh process and the same method, and prints stored versus re-measured percentiles side by side.
+Asks ``pareto best`` for the pick, then runs ``pareto measure --study S --trial N --json`` ``--repeats``
+times, each a fresh process (the configuration rebuilt from the task, timed with the stored method in
+interleaved rounds with the baseline), and prints the stored figures beside each re-measurement:
+whether the re-measured point P99 is at or under the stored upper bound, and whether it still meets
+the SLO.
 
-    python benchmarks/remeasure.py --slo-p99 7ms [--db URL] [--study demo] [--repeats 3]
+    python benchmarks/remeasure.py --slo-p99 7ms [--db URL] [--study demo] [--repeats 5]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
+import sys
 
 import pareto
-from pareto.compress import Config, apply
-from pareto.measure.latency import measure_latency
-from pareto.task import load_task
 
 
 def main() -> None:
@@ -21,25 +24,37 @@ def main() -> None:
     parser.add_argument("--db", default=None)
     parser.add_argument("--study", default=None)
     parser.add_argument("--slo-p99", default=None)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     pick = pareto.best(study=args.study, slo_p99=args.slo_p99, db=args.db)
-    stored = pick["metrics"]
-    task_of = {s["study"]: s["task"] for s in pareto.studies(db=args.db)}
-    task = load_task(task_of[pick["study"]])
-    config = Config.from_dict(pick["config"])
-    model = apply(task.model, config, task)
-    print(f"trial {pick['trial']}: {config.describe()}")
-    print("| run | p50 ms | p99 ms | p99 upper ms | p99 / stored p99 |")
-    print("|---|---:|---:|---:|---:|")
+    stored, slo = pick["metrics"], pick["slo"]["p99_ms"]
+    confirmed = "confirmed" if pick["confirmation"] else "not confirmed"
+    print(f"pick: trial {pick['trial']} of study {pick['study']} ({confirmed}), SLO P99 <= {slo} ms\n")
+    print("| run | p50 ms | p99 ms | p99 upper ms | verdict | p99 <= stored upper | rounds discarded |")
+    print("|---|---:|---:|---:|---|---|---:|")
     print(f"| stored | {stored['latency_p50_ms']:.3f} | {stored['latency_p99_ms']:.3f} | "
-          f"{stored['latency_p99_upper_ms']:.3f} | 1.00 |")
+          f"{stored['latency_p99_upper_ms']:.3f} | {pick['slo']['p99_verdict']} | — | {stored.get('discarded_rounds')} |")
+    within = met = 0
     for i in range(args.repeats):
-        r = measure_latency(model, task.example_input(config.batch_size), device=pick["environment"]["device"],
-                            samples=stored["samples"], warmup=stored["warmup"],
-                            threads=pick["environment"]["threads"], confidence=stored["confidence"]).summary
-        print(f"| re-measure {i + 1} | {r.p50_ms:.3f} | {r.p99_ms:.3f} | {r.p99_upper_ms:.3f} | "
-              f"{r.p99_ms / stored['latency_p99_ms']:.2f} |")
+        command = [sys.executable, "-c", "import sys, cli; sys.exit(cli.main())", "measure", "--study", pick["study"],
+                   "--trial", str(pick["trial"]), "--json"]
+        if args.slo_p99:
+            command += ["--slo-p99", args.slo_p99]
+        if args.db:
+            command += ["--db", args.db]
+        proc = subprocess.run(command, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            print(f"| re-measure {i + 1} | failed: {proc.stderr.strip().splitlines()[-1]} |")
+            continue
+        now = json.loads(proc.stdout)["metrics"]
+        holds = now["latency_p99_ms"] <= stored["latency_p99_upper_ms"]
+        within += holds
+        met += now.get("p99_verdict") == "met"
+        print(f"| re-measure {i + 1} | {now['latency_p50_ms']:.3f} | {now['latency_p99_ms']:.3f} | "
+              f"{now['latency_p99_upper_ms'] or float('inf'):.3f} | {now.get('p99_verdict')} | "
+              f"{'yes' if holds else 'no'} | {now.get('discarded_rounds')} |")
+    print(f"\n{within} of {args.repeats} re-measured P99s at or under the stored upper bound; "
+          f"{met} of {args.repeats} re-measurements meet the SLO on their own upper bound.")
 
 
 if __name__ == "__main__":

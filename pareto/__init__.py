@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from pareto.task import AttentionShape, Task
 
-# imported after the submodules they share names with, so `pareto.frontier` is the function
-from pareto.api import best, frontier, search, studies  # noqa: E402  isort: skip
+# imported after the submodules they share names with, so `pareto.frontier` is the function; the
+# search runs in `pareto._search`, whose name no public function shares
+from pareto.api import best, confirm, frontier, remeasure, search, studies  # noqa: E402  isort: skip
 
-__all__ = ["AttentionShape", "Task", "best", "frontier", "search", "studies"]
+__all__ = ["AttentionShape", "Task", "best", "confirm", "frontier", "remeasure", "search", "studies"]
 __version__ = "0.1.0"

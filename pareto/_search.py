@@ -1,4 +1,9 @@
-"""Optuna orchestration: suggest a configuration, apply it, measure it, store it, repeat."""
+"""Optuna orchestration: suggest a configuration, apply it, measure it, store it, repeat; then confirm.
+
+``run_search`` → ``_prepare`` (task, bench, study) → ``_time_baselines`` (the uncompressed model, timed
+again in every run) → ``_optimize`` (Optuna's loop over ``_Objective``) → ``_confirm`` (the best
+configurations re-measured in interleaved rounds with the baseline) → ``_result``.
+"""
 
 from __future__ import annotations
 
@@ -12,29 +17,30 @@ from typing import Any, Protocol
 import optuna
 from optuna.trial import TrialState
 from sqlalchemy import select
-from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session
 
-from pareto.assess import Assessment, assess, check_input_fits
+from pareto._runs import Bench, RunHandle, baseline_trial, finish_run, open_bench, start_run, store_measurement
+from pareto._runs import stored_metrics
+from pareto.assess import assess, build, check_input_fits, remeasured, round_plan
 from pareto.compress import Config, Technique, get_technique
-from pareto.errors import NoFeasibleConfiguration, TechniqueError, UsageError
+from pareto.confirmation import ConfirmResult, choose, confirm
+from pareto.errors import MachineBusy, NoFeasibleConfiguration, TechniqueError, UsageError
 from pareto.frontier import (
+    DEFAULT_OBJECTIVE_NAMES,
     Candidate,
     Constraints,
-    evaluate,
+    constraint_gaps,
     frontier,
-    memory_bytes,
+    judged,
     objective_metrics,
     objective_value,
     select_best,
 )
-from pareto.measure.environment import fingerprint
-from pareto.measure.latency import resolve_device
-from pareto.measure.memory import theoretical_bytes
-from pareto.measure.stats import MIN_SAMPLES_P99
+from pareto.metrics import Metrics
 from pareto.spec import Range, SearchSpec
 from pareto.store import queries
-from pareto.store.engine import check_path, engine_kwargs, open_engine, session_scope, upgrade
-from pareto.store.models import Measurement, Study, Trial, utcnow
+from pareto.store.engine import check_path, engine_kwargs, session_scope
+from pareto.store.models import Environment, Measurement, Study, Trial, utcnow
 from pareto.task import Task, load_task
 
 HEARTBEAT_INTERVAL_S = 60
@@ -49,6 +55,8 @@ class Reporter(Protocol):
 
     def trial_done(self, outcome: TrialOutcome, best: Candidate | None) -> None: ...
 
+    def confirmed(self, result: ConfirmResult) -> None: ...
+
 
 class _Quiet:
     def start(self, **_: Any) -> None:
@@ -60,11 +68,14 @@ class _Quiet:
     def trial_done(self, outcome: TrialOutcome, best: Candidate | None) -> None:
         pass
 
+    def confirmed(self, result: ConfirmResult) -> None:
+        pass
+
 
 @dataclass
 class TrialOutcome:
     number: int
-    state: str  # COMPLETE, FAILED, DUPLICATE
+    state: str  # COMPLETE, FAILED, DUPLICATE, BUSY
     description: str
     metrics: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
@@ -73,13 +84,29 @@ class TrialOutcome:
 @dataclass
 class SearchResult:
     study: str
-    trials_run: int  # finished in this run: measured, duplicate or failed
+    trials_run: int  # finished in this run: measured, duplicate, busy or failed
     measured: int  # of those, measured and stored with a measurement
     interrupted: bool
     frontier: list[Candidate]
     best: Candidate | None
     no_best_reason: str | None
     constraints: Constraints
+    confirmation: ConfirmResult | None = None
+    busy: int = 0  # trials the contention guard gave up on
+
+
+@dataclass
+class _Setup:
+    """Everything a search run decided before its first trial."""
+
+    spec: SearchSpec
+    bench: Bench
+    study_id: int
+    stored: int
+    batch_sizes: list[int]
+    techniques: dict[str, dict[str, Any]]
+    constraints: Constraints
+    baseline_theoretical_bytes: int
 
 
 def run_search(spec: SearchSpec, *, db_url: str, reporter: Reporter | None = None) -> SearchResult:
@@ -90,29 +117,54 @@ def run_search(spec: SearchSpec, *, db_url: str, reporter: Reporter | None = Non
     """
     reporter = reporter or _Quiet()
     check_path(db_url)  # before a task that may train for a while
-    task = load_task(spec.task)
-    device = resolve_device(spec.measure.device)
-    import torch
+    setup = _prepare(spec, db_url, reporter)
+    study = _optuna_study(setup, db_url)
+    run = start_run(setup.bench, kind="search", study_id=setup.study_id)
+    _time_baselines(setup, run, study, reporter)
+    outcomes, interrupted = _optimize(setup, run, study, reporter)
+    finish_run(setup.bench, run, trials=len(outcomes), interrupted=interrupted)
+    confirmation = None if interrupted else _confirm(setup, reporter)
+    return _result(setup, outcomes, interrupted, confirmation)
 
-    threads = spec.measure.threads or torch.get_num_threads()
-    batch_sizes = spec.space.batch_size or [task.batch_size]
-    techniques, skipped = _available_techniques(spec, device, task)
+
+def _prepare(spec: SearchSpec, db_url: str, reporter: Reporter) -> _Setup:
+    task = load_task(spec.task)
+    bench = open_bench(db_url, task, spec.measure)
+    techniques, skipped = _available_techniques(spec, bench.device, task)
     for name, reason in skipped:
         reporter.notice(f"Skipping technique {name}: {reason}")
     check_input_fits(task)
-
-    env_fp = fingerprint(device, threads)
-    engine = open_engine(db_url)
-    upgrade(engine)
-    with session_scope(engine) as session:
-        env_id = queries.environment_id(session, env_fp)
+    with session_scope(bench.engine) as session:
         spec = _adopt_stored_objectives(session, spec)
         study_row = _get_or_create_study(session, spec)
         study_id, stored = study_row.id, len(study_row.trials)
-        profile, note = queries.resolve_profile(session, spec.measure.hardware, fingerprint=env_fp)
-    if note:
-        reporter.notice(note)
+    if bench.profile_note:
+        reporter.notice(bench.profile_note)
+    from pareto.measure.memory import theoretical_bytes
 
+    return _Setup(
+        spec=spec,
+        bench=bench,
+        study_id=study_id,
+        stored=stored,
+        batch_sizes=spec.space.batch_size or [task.batch_size],
+        techniques=techniques,
+        constraints=constraints_of(spec),
+        baseline_theoretical_bytes=theoretical_bytes(task.model),
+    )
+
+
+def constraints_of(spec: SearchSpec) -> Constraints:
+    """The SLOs and budget of a spec as constraints."""
+    return Constraints(
+        p99_ms=spec.slo.p99_ms,
+        min_accuracy=spec.slo.min_accuracy,
+        max_memory_bytes=spec.budget.max_memory,
+        min_throughput_per_s=spec.slo.min_throughput,
+    )
+
+
+def _optuna_study(setup: _Setup, db_url: str) -> optuna.Study:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -120,95 +172,147 @@ def run_search(spec: SearchSpec, *, db_url: str, reporter: Reporter | None = Non
         storage = optuna.storages.RDBStorage(
             db_url, engine_kwargs=engine_kwargs(db_url), heartbeat_interval=HEARTBEAT_INTERVAL_S
         )
-    constraints = Constraints(
-        p99_ms=spec.slo.p99_ms,
-        min_accuracy=spec.slo.min_accuracy,
-        max_memory_bytes=spec.budget.max_memory,
-        min_throughput_per_s=spec.slo.min_throughput,
-        min_samples=MIN_SAMPLES_P99,
-    )
-    study = optuna.create_study(
-        study_name=spec.study_name,
+    return optuna.create_study(
+        study_name=setup.spec.study_name,
         storage=storage,
-        directions=["maximize" if up else "minimize" for _, up in objective_metrics(spec.objectives)],
-        sampler=_sampler(spec),
+        directions=["maximize" if up else "minimize" for _, up in objective_metrics(setup.spec.objectives)],
+        sampler=_sampler(setup.spec),
         load_if_exists=True,
     )
-    queued = _enqueue_baselines(engine, study, study_id, env_id, batch_sizes, techniques)
-    if queued >= spec.search.n_trials:
+
+
+def _time_baselines(setup: _Setup, run: RunHandle, study: optuna.Study, reporter: Reporter) -> None:
+    """Time the uncompressed model at every batch size in this run: speedups divide by it.
+
+    A batch size without a baseline trial in this environment gets one, queued as the first trial;
+    an existing baseline trial is timed again now and kept as this run's baseline measurement.
+    """
+    waiting = {t.user_attrs.get("pareto_baseline") for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))}
+    queued = 0
+    for batch_size in setup.batch_sizes:
+        trial_id = _baseline_here(setup, batch_size)
+        if trial_id is None:
+            if batch_size not in waiting:
+                params = {"batch_size": batch_size, **{name: False for name in setup.techniques}}
+                study.enqueue_trial(params, user_attrs={"pareto_baseline": batch_size})
+            queued += 1
+            continue
+        _retime_baseline(setup, run, trial_id, batch_size, reporter)
+    if queued >= setup.spec.search.n_trials:
         reporter.notice(
             f"The first {queued} trials measure the uncompressed model at each batch size; "
-            f"with --n-trials {spec.search.n_trials} no compression is tried in this run."
+            f"with --n-trials {setup.spec.search.n_trials} no compression is tried in this run."
         )
 
-    objective = _Objective(
-        engine=engine,
-        study_id=study_id,
-        env_id=env_id,
-        task=task,
-        spec=spec,
-        device=device,
-        threads=threads,
-        batch_sizes=batch_sizes,
-        techniques=techniques,
-        constraints=constraints,
-        profile=profile,
-        baseline_theoretical_bytes=theoretical_bytes(task.model),
-    )
-    with session_scope(engine) as session:
-        seen = queries.candidates(session, session.get(Study, study_id))
 
+def _baseline_here(setup: _Setup, batch_size: int) -> int | None:
+    trial_id = baseline_trial(setup.bench, setup.study_id, batch_size)
+    if trial_id is None:
+        return None
+    with session_scope(setup.bench.engine) as session:
+        measured_here = session.scalar(
+            select(Measurement.id).where(
+                Measurement.trial_id == trial_id, Measurement.environment_id == setup.bench.env_id
+            ).limit(1)
+        )
+    return trial_id if measured_here is not None else None
+
+
+def _retime_baseline(setup: _Setup, run: RunHandle, trial_id: int, batch_size: int, reporter: Reporter) -> None:
+    from pareto.measure.latency import measure_latency
+
+    bench = setup.bench
+    stored = stored_metrics(bench, trial_id)
+    assert stored is not None
+    model, _, _ = build(bench.task, Config(batch_size=batch_size), bench.device)
+    latency = measure_latency(
+        model, bench.task.example_input(batch_size), device=bench.device,
+        plan=round_plan(bench.measure, None), threads=bench.threads, probe=run.probe,
+    )
+    try:
+        timed = remeasured(stored, latency)
+    except MachineBusy as exc:
+        reporter.notice(f"The baseline @ batch {batch_size} could not be timed again ({exc}); "
+                        "this run's speedups use an earlier run's baseline.")
+        return
+    store_measurement(bench, run, trial_id, timed, kind="baseline")
+    reporter.notice(
+        f"Baseline @ batch {batch_size} timed again for this run's speedups: p50 {timed.latency_p50_ms:.3g} ms, "
+        f"p99 {timed.latency_p99_ms:.3g} ms (first run: p50 {stored.latency_p50_ms:.3g} ms, p99 {stored.latency_p99_ms:.3g} ms)."
+    )
+
+
+def _optimize(
+    setup: _Setup, run: RunHandle, study: optuna.Study, reporter: Reporter
+) -> tuple[list[TrialOutcome], bool]:
+    """Optuna's loop; returns the outcomes of this run's trials and whether Ctrl-C stopped it."""
+    objective = _Objective(setup, run)
+    with session_scope(setup.bench.engine) as session:
+        row = session.get(Study, setup.study_id)
+        assert row is not None
+        seen = queries.candidates(session, row, session.get(Environment, setup.bench.env_id))
     finished: list[TrialOutcome] = []
 
     def on_trial(_study: optuna.Study, _trial: optuna.trial.FrozenTrial) -> None:
-        outcome = objective.last
+        outcome, objective.last = objective.last, None
         if outcome is None:
             return
         finished.append(outcome)
         if outcome.state == "COMPLETE":
-            seen.append(_candidate(spec.study_name, outcome))
-        reporter.trial_done(outcome, _best_or_none(seen, constraints, spec.study_name))
-        objective.last = None
+            seen.append(Candidate(setup.spec.study_name, outcome.number, {}, outcome.description, dict(outcome.metrics), {}))
+        reporter.trial_done(outcome, _best_or_none(seen, setup.constraints, setup.spec.study_name))
 
-    reporter.start(
-        study=spec.study_name,
-        task=task.name,
-        n_trials=spec.search.n_trials,
-        timeout_s=spec.search.timeout / 1000 if spec.search.timeout else None,
-        stored=stored,
-    )
-    interrupted = False
+    timeout = setup.spec.search.timeout / 1000 if setup.spec.search.timeout else None
+    reporter.start(study=setup.spec.study_name, task=setup.bench.task.name, n_trials=setup.spec.search.n_trials,
+                   timeout_s=timeout, stored=setup.stored)
     try:
         with _StopOnInterrupt(study, reporter) as stop:
-            study.optimize(
-                objective,
-                n_trials=spec.search.n_trials,
-                timeout=spec.search.timeout / 1000 if spec.search.timeout else None,
-                catch=(TechniqueError,),
-                callbacks=[on_trial, stop.after_trial],
-            )
-        interrupted = stop.requested
+            study.optimize(objective, n_trials=setup.spec.search.n_trials, timeout=timeout,
+                           catch=(TechniqueError, MachineBusy), callbacks=[on_trial, stop.after_trial])
+        return finished, stop.requested
     except KeyboardInterrupt:
-        interrupted = True
-    with session_scope(engine) as session:
-        everything = queries.candidates(session, session.get(Study, study_id))
+        return finished, True
+
+
+def _confirm(setup: _Setup, reporter: Reporter) -> ConfirmResult | None:
+    """Re-measure the best feasible and near-feasible configurations with the baseline, in this environment."""
+    search = setup.spec.search
+    if search.confirm_top == 0 or setup.constraints.p99_ms is None:
+        return None
+    with session_scope(setup.bench.engine) as session:
+        row = session.get(Study, setup.study_id)
+        assert row is not None
+        everything = queries.candidates(session, row, session.get(Environment, setup.bench.env_id))
+    picks = choose(everything, setup.constraints, setup.spec.objectives, top=search.confirm_top, margin=search.confirm_margin)
+    result = confirm(setup.bench, setup.study_id, picks, setup.constraints, seed=search.seed)
+    reporter.confirmed(result)
+    return result
+
+
+def _result(
+    setup: _Setup, outcomes: list[TrialOutcome], interrupted: bool, confirmation: ConfirmResult | None
+) -> SearchResult:
+    with session_scope(setup.bench.engine) as session:
+        row = session.get(Study, setup.study_id)
+        assert row is not None
+        everything = queries.candidates(session, row, session.get(Environment, setup.bench.env_id))
     best, reason = None, None
     try:
-        best = select_best(everything, constraints, study=spec.study_name)
+        best = select_best(everything, setup.constraints, study=setup.spec.study_name)
     except NoFeasibleConfiguration as exc:
         reason = str(exc)
-    front = frontier(everything, objective_metrics(spec.objectives))
-    for candidate in front:
-        evaluate(candidate, constraints)
+    front = [judged(c, setup.constraints) for c in frontier(everything, objective_metrics(setup.spec.objectives))]
     return SearchResult(
-        study=spec.study_name,
-        trials_run=len(finished),
-        measured=sum(o.state == "COMPLETE" for o in finished),
+        study=setup.spec.study_name,
+        trials_run=len(outcomes),
+        measured=sum(o.state == "COMPLETE" for o in outcomes),
         interrupted=interrupted,
         frontier=front,
         best=best,
         no_best_reason=reason,
-        constraints=constraints,
+        constraints=setup.constraints,
+        confirmation=confirmation,
+        busy=sum(o.state == "BUSY" for o in outcomes),
     )
 
 
@@ -245,74 +349,79 @@ class _StopOnInterrupt:
 
 
 class _Objective:
-    def __init__(self, **kwargs: Any) -> None:
-        self.__dict__.update(kwargs)
+    """One Optuna trial: suggest, answer a repeat from the database or measure, store, report."""
+
+    def __init__(self, setup: _Setup, run: RunHandle) -> None:
+        self.setup, self.run = setup, run
+        self.bench = setup.bench
         self.last: TrialOutcome | None = None
 
     def __call__(self, trial: optuna.Trial) -> tuple[float, ...]:
-        config = suggest(trial, self.batch_sizes, self.techniques)
-        key = config.key()
-        with session_scope(self.engine) as session:
+        config = suggest(trial, self.setup.batch_sizes, self.setup.techniques)
+        row_id, twin = self._start(trial, config)
+        if twin is not None:
+            number, metrics = twin
+            trial.set_user_attr("duplicate_of", number)
+            return self._finish(trial, TrialOutcome(trial.number, "DUPLICATE", config.describe(), metrics))
+        try:
+            result = assess(
+                self.bench.task, config, device=self.bench.device, threads=self.bench.threads,
+                measure=self.setup.spec.measure, slo_ms=self.setup.spec.slo.p99_ms, profile=self.bench.profile,
+                baseline_theoretical_bytes=self.setup.baseline_theoretical_bytes, probe=self.run.probe,
+            )
+        except BaseException as exc:
+            self._end(row_id, trial, config, exc)
+            raise
+        self._store(row_id, result)
+        return self._finish(trial, TrialOutcome(trial.number, "COMPLETE", config.describe(), result.metrics.to_dict()))
+
+    def _start(self, trial: optuna.Trial, config: Config) -> tuple[int, tuple[int, dict[str, Any]] | None]:
+        """Store the trial as RUNNING; when the same configuration was measured here, mark it a duplicate."""
+        with session_scope(self.bench.engine) as session:
             row = Trial(
-                study_id=self.study_id,
-                optuna_number=trial.number,
-                config=config.to_dict(),
-                config_key=key,
-                description=config.describe(),
-                is_baseline=config.is_baseline,
-                batch_size=config.batch_size,
-                environment_id=self.env_id,
+                study_id=self.setup.study_id, optuna_number=trial.number, config=config.to_dict(),
+                config_key=config.key(), description=config.describe(), is_baseline=config.is_baseline,
+                batch_size=config.batch_size, environment_id=self.bench.env_id,
             )
             session.add(row)
             session.flush()
-            row_id = row.id
-            earlier = _measured_twin(session, self.study_id, self.env_id, key, row_id)
-            if earlier is not None:
-                # the same configuration measured in the same environment: reuse it, do not re-measure
-                twin = earlier.trial.optuna_number
-                row.state, row.finished_at = "DUPLICATE", utcnow()
-                row.error = f"same configuration as trial {twin}; not measured again"
-                metrics = _metrics_of(earlier)
-        if earlier is not None:
-            trial.set_user_attr("duplicate_of", twin)
-            return self._finish(trial, TrialOutcome(trial.number, "DUPLICATE", config.describe(), metrics))
-        try:
-            metrics, phases = self._measure(config)
-        except BaseException as exc:
-            reason = str(exc) if isinstance(exc, TechniqueError) else _interrupted(exc)
-            with session_scope(self.engine) as session:
-                row = session.get(Trial, row_id)
-                row.state, row.error, row.finished_at = "FAILED", reason, utcnow()
-            self.last = TrialOutcome(trial.number, "FAILED", config.describe(), error=reason)
-            raise
-        with session_scope(self.engine) as session:
+            earlier = _measured_twin(session, self.setup.study_id, self.bench.env_id, config.key(), row.id)
+            if earlier is None:
+                return row.id, None
+            twin = earlier.trial.optuna_number
+            row.state, row.finished_at = "DUPLICATE", utcnow()
+            row.error = f"same configuration as trial {twin}; not measured again"
+            return row.id, (twin, Metrics.from_row(earlier).to_dict())
+
+    def _end(self, row_id: int, trial: optuna.Trial, config: Config, exc: BaseException) -> None:
+        """A trial that did not complete: FAILED with its reason, or BUSY (no verdict, never shown to the sampler)."""
+        state = "BUSY" if isinstance(exc, MachineBusy) else "FAILED"
+        reason = str(exc) if isinstance(exc, (TechniqueError, MachineBusy)) else _interrupted(exc)
+        with session_scope(self.bench.engine) as session:
             row = session.get(Trial, row_id)
+            assert row is not None
+            row.state, row.error, row.finished_at = state, reason, utcnow()
+        self.last = TrialOutcome(trial.number, state, config.describe(), error=reason)
+
+    def _store(self, row_id: int, result: Any) -> None:
+        with session_scope(self.bench.engine) as session:
+            row = session.get(Trial, row_id)
+            assert row is not None
             row.state, row.finished_at = "COMPLETE", utcnow()
-            session.get(Study, self.study_id).updated_at = row.finished_at
-            row.compress_s, row.compile_s = phases.compress_s, phases.compile_s
-            row.latency_s, row.accuracy_s = phases.latency_s, phases.accuracy_s
-            session.add(Measurement(trial_id=row_id, environment_id=self.env_id, **metrics))
-        return self._finish(trial, TrialOutcome(trial.number, "COMPLETE", config.describe(), metrics))
+            study = session.get(Study, self.setup.study_id)
+            assert study is not None
+            study.updated_at = row.finished_at
+            row.compress_s, row.compile_s = result.compress_s, result.compile_s
+            row.latency_s, row.accuracy_s = result.latency_s, result.accuracy_s
+            if result.suspect_profile and self.bench.profile is not None and self.bench.profile.calibration_id:
+                queries.mark_calibration_suspect(session, self.bench.profile.calibration_id, result.suspect_profile)
+        store_measurement(self.bench, self.run, row_id, result.metrics, kind="search")
 
     def _finish(self, trial: optuna.Trial, outcome: TrialOutcome) -> tuple[float, ...]:
-        m = outcome.metrics
-        for name, value in _constraint_values(m, self.constraints).items():
-            trial.set_constraint(name, value)
+        for name, gap in constraint_gaps(outcome.metrics, self.setup.constraints).items():
+            trial.set_constraint(name, gap)
         self.last = outcome
-        return tuple(_objective_value(m, metric) for metric, _ in objective_metrics(self.spec.objectives))
-
-    def _measure(self, config: Config) -> tuple[dict[str, Any], Assessment]:
-        result = assess(
-            self.task,
-            config,
-            device=self.device,
-            threads=self.threads,
-            measure=self.spec.measure,
-            slo_ms=self.spec.slo.p99_ms,
-            profile=self.profile,
-            baseline_theoretical_bytes=self.baseline_theoretical_bytes,
-        )
-        return result.metrics, result
+        return tuple(_objective_value(outcome.metrics, metric) for metric, _ in objective_metrics(self.setup.spec.objectives))
 
 
 def suggest(trial: optuna.Trial, batch_sizes: list[int], techniques: dict[str, dict[str, Any]]) -> Config:
@@ -333,7 +442,9 @@ def suggest(trial: optuna.Trial, batch_sizes: list[int], techniques: dict[str, d
     return Config(techniques=tuple(chosen), batch_size=batch_size)
 
 
-def _available_techniques(spec: SearchSpec, device: str, task: Task) -> tuple[dict[str, dict[str, Any]], list[tuple[str, str]]]:
+def _available_techniques(
+    spec: SearchSpec, device: str, task: Task
+) -> tuple[dict[str, dict[str, Any]], list[tuple[str, str]]]:
     usable, skipped = {}, []
     for name, space in spec.space.techniques.items():
         probe = {p: (s.low if isinstance(s, Range) else s[0]) for p, s in space.items()}
@@ -358,25 +469,6 @@ def _sampler(spec: SearchSpec) -> optuna.samplers.BaseSampler:
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=8)
 
 
-def _constraint_values(metrics: dict[str, Any], constraints: Constraints) -> dict[str, float]:
-    """Optuna's convention: a value <= 0 is satisfied."""
-    values = {}
-    if constraints.p99_ms is not None:
-        upper = metrics.get("latency_p99_upper_ms")
-        bound = upper if upper is not None else metrics["latency_p99_ms"]
-        gap = bound - constraints.p99_ms
-        if metrics["samples"] < constraints.min_samples:
-            gap = max(gap, 1e-9)  # too few samples for a P99 claim: never counts as met
-        values["p99_ms"] = gap
-    if constraints.min_accuracy is not None:
-        values["min_accuracy"] = constraints.min_accuracy - metrics["accuracy"]
-    if constraints.max_memory_bytes is not None:
-        values["max_memory_bytes"] = float(memory_bytes(metrics) - constraints.max_memory_bytes)
-    if constraints.min_throughput_per_s is not None:
-        values["min_throughput_per_s"] = constraints.min_throughput_per_s - metrics["throughput_per_s"]
-    return values
-
-
 def _objective_value(metrics: dict[str, Any], metric: str) -> float:
     value = objective_value(metrics, metric)
     if value is None:
@@ -384,34 +476,7 @@ def _objective_value(metrics: dict[str, Any], metric: str) -> float:
     return value
 
 
-def _enqueue_baselines(
-    engine: Engine, study: optuna.Study, study_id: int, env_id: int, batch_sizes: list[int], techniques: dict
-) -> int:
-    """The uncompressed model at every batch size is measured first, in this environment."""
-    with session_scope(engine) as session:
-        measured = set(
-            session.scalars(
-                select(Trial.batch_size).where(
-                    Trial.study_id == study_id,
-                    Trial.is_baseline,
-                    Trial.environment_id == env_id,
-                    Trial.state == "COMPLETE",
-                )
-            ).all()
-        )
-    waiting = {
-        t.params.get("batch_size", t.system_attrs.get("fixed_params", {}).get("batch_size"))
-        for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-    }
-    queued = 0
-    for batch_size in batch_sizes:
-        if batch_size not in measured and batch_size not in waiting:
-            study.enqueue_trial({"batch_size": batch_size, **{name: False for name in techniques}})
-            queued += 1
-    return queued
-
-
-def _adopt_stored_objectives(session: Any, spec: SearchSpec) -> SearchSpec:
+def _adopt_stored_objectives(session: Session, spec: SearchSpec) -> SearchSpec:
     """Continuing a study without naming objectives keeps the study's own."""
     if "objectives" in spec.model_fields_set:
         return spec
@@ -421,30 +486,31 @@ def _adopt_stored_objectives(session: Any, spec: SearchSpec) -> SearchSpec:
     return spec.model_copy(update={"objectives": row.spec["objectives"]})
 
 
-def _get_or_create_study(session: Any, spec: SearchSpec) -> Study:
+def _get_or_create_study(session: Session, spec: SearchSpec) -> Study:
     row = session.scalars(select(Study).where(Study.name == spec.study_name)).one_or_none()
     spec_json = spec.model_dump(mode="json")
     if row is None:
         row = Study(name=spec.study_name, task=spec.task, spec=spec_json)
         session.add(row)
         session.flush()
-    elif row.task != spec.task:
+        return row
+    if row.task != spec.task:
         raise UsageError(
             f"Study {spec.study_name!r} belongs to task {row.task!r}, not {spec.task!r}; pick another --study name."
         )
-    elif row.spec.get("objectives", ["accuracy", "p99"]) != list(spec.objectives):
+    stored = ",".join(row.spec.get("objectives", DEFAULT_OBJECTIVE_NAMES))
+    if stored != ",".join(spec.objectives):
         raise UsageError(
-            f"Study {spec.study_name!r} optimizes {','.join(row.spec.get('objectives', ['accuracy', 'p99']))}, "
-            f"not {','.join(spec.objectives)}; continue it with --objective "
-            f"{','.join(row.spec.get('objectives', ['accuracy', 'p99']))}, or pick another --study name."
+            f"Study {spec.study_name!r} optimizes {stored}, not {','.join(spec.objectives)}; continue it with "
+            f"--objective {stored}, or pick another --study name."
         )
-    else:
-        row.spec = spec_json  # the latest SLO and space; every trial keeps its own config
-        row.updated_at = utcnow()
+    row.spec = spec_json  # the latest SLO and space; every trial keeps its own config
+    row.updated_at = utcnow()
     return row
 
 
-def _measured_twin(session: Any, study_id: int, env_id: int, key: str, exclude_id: int) -> Measurement | None:
+def _measured_twin(session: Session, study_id: int, env_id: int, key: str, exclude_id: int) -> Measurement | None:
+    """The measurement of a completed trial with the same configuration in the same environment."""
     return session.scalars(
         select(Measurement)
         .join(Trial)
@@ -453,18 +519,12 @@ def _measured_twin(session: Any, study_id: int, env_id: int, key: str, exclude_i
             Trial.config_key == key,
             Trial.state == "COMPLETE",
             Measurement.environment_id == env_id,
+            Measurement.kind.in_(("search", "confirm")),
             Trial.id != exclude_id,
         )
+        .order_by(Measurement.id.desc())
         .limit(1)
     ).one_or_none()
-
-
-def _metrics_of(m: Measurement) -> dict[str, Any]:
-    return {name: getattr(m, name) for name in queries.MEASUREMENT_METRICS}
-
-
-def _candidate(study: str, outcome: TrialOutcome) -> Candidate:
-    return Candidate(study, outcome.number, {}, outcome.description, dict(outcome.metrics), {})
 
 
 def _best_or_none(seen: list[Candidate], constraints: Constraints, study: str) -> Candidate | None:

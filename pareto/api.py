@@ -4,24 +4,33 @@ Example::
 
     import pareto
     pick = pareto.best(study="demo", slo_p99="7ms")
-    print(pick["config"], pick["metrics"]["latency_p99_upper_ms"])
+    print(pick["config"], pick["metrics"]["latency_p99_upper_ms"], pick["confirmation"])
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pareto.frontier import Candidate, Constraints, objective_metrics, select_best
+from pareto.errors import UsageError
+from pareto.frontier import DEFAULT_OBJECTIVE_NAMES, Candidate, Constraints, judged, objective_metrics, select_best
 from pareto.frontier import frontier as _frontier
-from pareto.measure.stats import MIN_SAMPLES_P99
 from pareto.store import queries
 from pareto.store.engine import open_engine, require_schema, resolve_url, session_scope
 from pareto.store.models import Study
+from pareto.slo import (
+    DEFAULT_CONFIDENCE,
+    DEFAULT_CONTENTION_LIMIT,
+    DEFAULT_ROUNDS,
+    DEFAULT_WARMUP,
+    MIN_CONFIDENCE,
+    MIN_SAMPLES_P99,
+)
 from pareto.units import parse_duration_ms, parse_size_bytes
 
 if TYPE_CHECKING:
-    from pareto.search import Reporter, SearchResult
+    from pareto._search import Reporter, SearchResult
     from pareto.spec import SearchSpec
 
 
@@ -31,23 +40,36 @@ def best(
     slo_p99: str | float | None = None,
     min_accuracy: float | None = None,
     max_memory: str | int | None = None,
+    environment: str | None = None,
     db: str | None = None,
 ) -> dict[str, Any]:
     """The stored configuration with the highest accuracy that meets the SLOs (conservative bounds).
+
+    Measurements are compared within one environment only; a trial's confirmed measurement (from
+    ``confirm`` or the end of a search) is used over its search measurement.
 
     Args:
         study: Study name; may be omitted when the database holds one study.
         slo_p99: P99 bound, ``"7ms"`` or milliseconds; defaults to the study's own SLO.
         min_accuracy: Accuracy floor; defaults to the study's.
-        max_memory: Parameter memory budget, ``"2GB"`` or bytes; defaults to the study's.
+        max_memory: Memory budget (params + activations + KV cache), ``"2GB"`` or bytes; defaults to the study's.
+        environment: ``latest`` (default: where the study was last measured) or an environment key.
         db: Database URL; defaults to ``PARETO_DB_URL`` or ``sqlite:///pareto.db``.
+
+    Returns:
+        ``{"study", "trial", "config", "metrics", "slo", "confirmation", "environment"}``;
+        ``confirmation`` is None when the pick was never confirmed.
 
     Raises:
         NoFeasibleConfiguration: nothing stored meets the SLOs (the message names the closest).
-        UsageError: unknown study or malformed SLO.
+        UsageError: unknown study or environment, malformed SLO, or ``environment="all"``.
     """
-    loaded = _load(study, slo_p99, min_accuracy, max_memory, db)
-    return select_best(loaded.candidates, loaded.constraints, study=loaded.name).to_dict()
+    if environment == "all":
+        raise UsageError("A pick compares measurements within one environment; name one with --environment KEY.")
+    loaded = _load(study, slo_p99, min_accuracy, max_memory, environment, db)
+    pick = select_best(loaded.candidates, loaded.constraints, study=loaded.name).to_dict()
+    pick["environment"] = {**pick["environment"], **loaded.environment_note}
+    return pick
 
 
 def frontier(
@@ -56,16 +78,25 @@ def frontier(
     slo_p99: str | float | None = None,
     min_accuracy: float | None = None,
     max_memory: str | int | None = None,
+    environment: str | None = None,
     db: str | None = None,
 ) -> list[dict[str, Any]]:
-    """The Pareto frontier (accuracy up, P99 upper bound down), fastest first, each with its SLO verdict."""
-    from pareto.frontier import evaluate
+    """The Pareto frontier (the study's objectives), fastest first, each with its SLO verdict.
 
-    loaded = _load(study, slo_p99, min_accuracy, max_memory, db)
-    front = _frontier(loaded.candidates, objective_metrics(loaded.objectives))
-    for c in front:
-        evaluate(c, loaded.constraints)
-    return [c.to_dict() for c in front]
+    With ``environment="all"`` one frontier per environment, one after the other; otherwise the
+    frontier of one environment (default: the study's latest).
+    """
+    loaded = _load(study, slo_p99, min_accuracy, max_memory, environment, db)
+    groups: dict[str, list[Candidate]] = defaultdict(list)
+    for c in loaded.candidates:
+        groups[c.environment["key"]].append(c)
+    rows = []
+    for group in groups.values():
+        for c in _frontier(group, objective_metrics(loaded.objectives)):
+            row = judged(c, loaded.constraints).to_dict()
+            row["environment"] = {**row["environment"], **loaded.environment_note}
+            rows.append(row)
+    return rows
 
 
 def studies(*, db: str | None = None) -> list[dict[str, Any]]:
@@ -78,7 +109,7 @@ def studies(*, db: str | None = None) -> list[dict[str, Any]]:
 
 def search(spec: SearchSpec | None = None, *, db: str | None = None, reporter: Reporter | None = None) -> SearchResult:
     """Run or continue a search (imports torch and Optuna); see ``pareto.spec.SearchSpec``."""
-    from pareto.search import run_search
+    from pareto._search import run_search
     from pareto.spec import SearchSpec as _Spec
 
     return run_search(spec or _Spec(), db_url=resolve_url(db), reporter=reporter)
@@ -90,6 +121,7 @@ class _Loaded:
     constraints: Constraints
     name: str
     objectives: list[str]
+    environment_note: dict[str, Any]
 
 
 def _load(
@@ -97,29 +129,54 @@ def _load(
     slo_p99: str | float | None,
     min_accuracy: float | None,
     max_memory: str | int | None,
+    environment: str | None,
     db: str | None,
 ) -> _Loaded:
-    p99_ms = _duration(slo_p99)
-    memory = parse_size_bytes(max_memory) if isinstance(max_memory, str) else max_memory
+    constraints_given = _constraints(slo_p99, min_accuracy, max_memory)
     engine = open_engine(resolve_url(db), create=False)
     require_schema(engine)
     with session_scope(engine) as session:
         row: Study = queries.get_study(session, study) if study else queries.default_study(session)
-        stored_slo = row.spec.get("slo", {})
-        stored_budget = row.spec.get("budget", {})
-        constraints = Constraints(
-            p99_ms=p99_ms if p99_ms is not None else stored_slo.get("p99"),
-            min_accuracy=min_accuracy if min_accuracy is not None else stored_slo.get("min_accuracy"),
-            max_memory_bytes=memory if memory is not None else stored_budget.get("max_memory"),
-            min_throughput_per_s=stored_slo.get("min_throughput"),
-            min_samples=MIN_SAMPLES_P99,
-        )
+        env = queries.choose_environment(session, row, environment)
+        known = queries.study_environments(session, row)
         return _Loaded(
-            candidates=queries.candidates(session, row),
-            constraints=constraints,
+            candidates=queries.candidates(session, row, env),
+            constraints=_with_study_defaults(constraints_given, row.spec),
             name=row.name,
-            objectives=row.spec.get("objectives", ["accuracy", "p99"]),
+            objectives=row.spec.get("objectives", list(DEFAULT_OBJECTIVE_NAMES)),
+            environment_note=_environment_note(row.name, env.key if env else None, known),
         )
+
+
+def _constraints(slo_p99: str | float | None, min_accuracy: float | None, max_memory: str | int | None) -> Constraints:
+    memory = parse_size_bytes(max_memory) if isinstance(max_memory, str) else max_memory
+    if memory is not None and not memory > 0:
+        raise UsageError(f"A memory budget must be positive, got {max_memory!r}; write it like '512MiB'.")
+    return Constraints(p99_ms=_duration(slo_p99), min_accuracy=min_accuracy, max_memory_bytes=memory)
+
+
+def _with_study_defaults(given: Constraints, spec: dict[str, Any]) -> Constraints:
+    """What the caller did not say comes from the study's stored SLO and budget."""
+    slo, budget = spec.get("slo", {}), spec.get("budget", {})
+    return Constraints(
+        p99_ms=given.p99_ms if given.p99_ms is not None else slo.get("p99"),
+        min_accuracy=given.min_accuracy if given.min_accuracy is not None else slo.get("min_accuracy"),
+        max_memory_bytes=given.max_memory_bytes if given.max_memory_bytes is not None else budget.get("max_memory"),
+        min_throughput_per_s=slo.get("min_throughput"),
+    )
+
+
+def _environment_note(study: str, used: str | None, known: list[dict[str, Any]]) -> dict[str, Any]:
+    """How many environments the study holds and, with several, which one is used and how to pick another."""
+    note: dict[str, Any] = {"study_environments": len(known)}
+    if len(known) > 1:
+        others = ", ".join(e["key"] for e in known if e["key"] != used)
+        which = f"environment {used}" if used else "each environment separately"
+        note["note"] = (
+            f"Study {study!r} was measured in {len(known)} environments; comparing within {which}. "
+            f"Choose with --environment KEY (others: {others}) or --environment all (frontier only)."
+        )
+    return note
 
 
 def _duration(value: str | float | None) -> float | None:
@@ -127,11 +184,64 @@ def _duration(value: str | float | None) -> float | None:
         return None
     if isinstance(value, str):
         return parse_duration_ms(value)
-    if value <= 0:
-        from pareto.errors import UsageError
-
+    if not value > 0:
         raise UsageError(f"P99 SLO {value!r} ms must be positive.")
     return float(value)
+
+
+def confirm(
+    *,
+    study: str | None = None,
+    slo_p99: str | float | None = None,
+    min_accuracy: float | None = None,
+    max_memory: str | int | None = None,
+    top: int = 3,
+    margin: float = 1.5,
+    environment: str | None = None,
+    device: str | None = None,
+    threads: int | None = None,
+    db: str | None = None,
+) -> dict[str, Any]:
+    """Re-measure a study's best feasible and near-feasible configurations with the baseline.
+
+    The ``top`` frontier configurations that meet every limit but the P99 and whose P99 upper bound
+    is within ``margin`` times the SLO are rebuilt from the task and timed with the baseline in
+    interleaved rounds, in random order each round, in one process; the results are stored as
+    confirmations, which ``best`` then prefers. Imports torch.
+
+    Returns:
+        ``{"study", "run", "environment", "guard", "note", "items"}``: each item with its trial,
+        description, latency before and after, and P99 verdict before and after.
+
+    Raises:
+        UsageError: unknown study, bad SLO, ``top < 1`` or ``margin < 1``.
+    """
+    from pareto._runs import open_bench
+    from pareto.confirmation import confirm_study
+    from pareto.task import load_task
+
+    if top < 1 or not margin >= 1:
+        raise UsageError(f"--top must be at least 1 and --margin at least 1, got {top} and {margin}.")
+    url = resolve_url(db)
+    engine = open_engine(url, create=False)
+    require_schema(engine)
+    with session_scope(engine) as session:
+        row = queries.get_study(session, study) if study else queries.default_study(session)
+        name, task_name, spec = row.name, row.task, row.spec
+    constraints = _with_study_defaults(_constraints(slo_p99, min_accuracy, max_memory), spec)
+    bench = open_bench(url, load_task(task_name), _stored_measure(spec, device, threads), with_profile=False)
+    result = confirm_study(bench, name, constraints, top=top, margin=margin, environment=environment)
+    return result.to_dict()
+
+
+def _stored_measure(spec: dict[str, Any], device: str | None, threads: int | None) -> Any:
+    """The study's own measurement settings, with the device and threads given here."""
+    from pareto.spec import Measure
+
+    stored = dict(spec.get("measure") or {})
+    stored.update({k: v for k, v in {"device": device, "threads": threads}.items() if v is not None})
+    known = set(Measure.model_fields)
+    return Measure.model_validate({k: v for k, v in stored.items() if k in known})
 
 
 def measure(
@@ -143,84 +253,241 @@ def measure(
     hardware: str | None = "auto",
     device: str = "auto",
     threads: int | None = None,
-    samples: int = 662,
-    warmup: int = 50,
+    samples: int = MIN_SAMPLES_P99,
+    rounds: int = DEFAULT_ROUNDS,
+    warmup: int = DEFAULT_WARMUP,
+    confidence: float = DEFAULT_CONFIDENCE,
+    contention_limit: float | None = DEFAULT_CONTENTION_LIMIT,
     sweep: bool = False,
     adaptive_budget: str | None = "20s",
     db: str | None = None,
 ) -> dict[str, Any]:
-    """Measure one configuration outside any study, beside the uncompressed model measured in the same run.
+    """Measure one configuration outside any study, in interleaved rounds with the uncompressed model.
 
     Args:
         task: Built-in task name or ``package.module:factory``.
         techniques: ``"name"`` or ``"name:key=value,key=value"`` each, e.g. ``"prune_structured:ratio=0.5"``.
         batch_size: Defaults to the task's own.
         hardware: Roofline profile: a name from ``pareto hardware``, ``host``, ``auto`` or None.
+        rounds: Rounds the ``samples`` calls are split into; the contention probe runs between them.
+        contention_limit: Probe slowdown over its quiet time that discards a round; None: no guard.
         adaptive_budget: With an SLO, keep timing past ``samples`` until the P99 verdict is decided,
             up to this long (``"20s"``); None times ``samples`` calls only.
-        db: Where ``host`` calibrations are read from (nothing is written).
+        db: Where ``host`` calibrations and the probe's quiet time are read from (nothing is written).
 
     Returns:
-        ``{"config", "metrics", "environment"}``; ``metrics`` adds ``speedup_p50``/``speedup_p99`` over
-        the baseline and, with an SLO, ``p99_verdict``.
+        ``{"config", "metrics", "environment", "notes"}``; ``metrics`` adds ``speedup_p50``/``speedup_p99``
+        over the baseline timed in the same rounds and, with an SLO, ``p99_verdict``.
 
     Raises:
-        UsageError: bad task, technique option, batch size or device.
+        UsageError: bad task, technique option, batch size or device; MachineBusy: the machine
+            stayed busy through the rounds.
     """
-    from pareto.assess import assess, check_input_fits
     from pareto.compress import Config
-    from pareto.measure.environment import environment_key, fingerprint
-    from pareto.measure.latency import resolve_device
-    from pareto.measure.memory import theoretical_bytes
     from pareto.spec import Measure
     from pareto.task import load_task
 
     p99_ms = _duration(slo_p99)
     if batch_size is not None and batch_size < 1:
-        from pareto.errors import UsageError
-
         raise UsageError(f"Batch size must be at least 1, got {batch_size}.")
     chosen = tuple(parse_technique_option(option) for option in techniques)
     loaded = load_task(task)
-    resolved = resolve_device(device)
-    import torch
-
-    used_threads = threads or torch.get_num_threads()
+    settings = Measure(device=device, threads=threads, samples=samples, rounds=min(rounds, samples), warmup=warmup,
+                       confidence=confidence, contention_limit=contention_limit, throughput_sweep=sweep,
+                       hardware=hardware, adaptive_budget=adaptive_budget)
     config = Config(techniques=chosen, batch_size=batch_size or loaded.batch_size)
+    return _measure_beside_baseline(loaded, config, settings, p99_ms, db)
+
+
+def _measure_beside_baseline(task: Any, config: Any, settings: Any, p99_ms: float | None, db: str | None) -> dict[str, Any]:
+    from pareto.assess import build, check_input_fits, complete, round_plan
+    from pareto.compress import Config
+    from pareto.measure.environment import environment_key
+    from pareto.measure.latency import Timed, measure_interleaved
+    from pareto.measure.memory import theoretical_bytes
+
+    bench = _read_only_bench(task, settings, db)
     for technique in config.techniques:
-        reason = technique.available(resolved, loaded)
+        reason = technique.available(bench["device"], task)
         if reason is not None:
-            from pareto.errors import UsageError
-
             raise UsageError(f"Technique {technique.name!r} cannot run here: {reason.rstrip('.')}.")
-    check_input_fits(loaded)
-    env = fingerprint(resolved, used_threads)
-    profile = _profile_for(hardware, db, env, resolved)
-    settings = Measure(device=resolved, threads=used_threads, samples=samples, warmup=warmup,
-                       throughput_sweep=sweep, hardware=hardware, adaptive_budget=adaptive_budget)
-    base_bytes = theoretical_bytes(loaded.model)
-    kwargs = dict(device=resolved, threads=used_threads, measure=settings, slo_ms=p99_ms, profile=profile,
-                  baseline_theoretical_bytes=base_bytes)
-    result = assess(loaded, config, **kwargs)  # type: ignore[arg-type]
-    baseline = result if config.is_baseline else assess(loaded, Config(batch_size=config.batch_size), **kwargs)  # type: ignore[arg-type]
-    metrics = dict(result.metrics)
-    metrics["speedup_p50"] = baseline.metrics["latency_p50_ms"] / metrics["latency_p50_ms"]
-    metrics["speedup_p99"] = baseline.metrics["latency_p99_ms"] / metrics["latency_p99_ms"]
-    metrics["accuracy_delta"] = metrics["accuracy"] - baseline.metrics["accuracy"]
-    metrics["baseline_latency_p50_ms"] = baseline.metrics["latency_p50_ms"]
-    metrics["baseline_latency_p99_ms"] = baseline.metrics["latency_p99_ms"]
-    metrics["compile_s"] = result.compile_s
-    if p99_ms is not None:
-        from pareto.frontier import p99_verdict
+    check_input_fits(task)
+    base_config = Config(batch_size=config.batch_size)
+    model, _, compile_s = build(task, config, bench["device"])
+    base_model = model if config.is_baseline else build(task, base_config, bench["device"])[0]
+    items = [Timed(model, task.example_input(config.batch_size))]
+    if not config.is_baseline:
+        items.append(Timed(base_model, task.example_input(config.batch_size)))
+    timed = measure_interleaved(items, device=bench["device"], plan=round_plan(settings, p99_ms),
+                                threads=bench["threads"], probe=bench["probe"])
+    common = dict(device=bench["device"], threads=bench["threads"], measure=settings, slo_ms=p99_ms,
+                  profile=bench["profile"], baseline_theoretical_bytes=theoretical_bytes(task.model))
+    result = complete(task, config, model, timed[0], **common)
+    baseline = result if config.is_baseline else complete(task, base_config, base_model, timed[1], **common)
+    metrics = _with_speedups(result.metrics.to_dict(), baseline.metrics.to_dict(), p99_ms)
+    metrics["compile_s"] = compile_s
+    env = bench["fingerprint"]
+    return {"config": config.to_dict(), "metrics": metrics, "environment": {**env, "key": environment_key(env)},
+            "notes": result.notes + ([bench["note"]] if bench["note"] else [])}
 
+
+def _with_speedups(metrics: dict[str, Any], baseline: dict[str, Any], p99_ms: float | None) -> dict[str, Any]:
+    """Speedups and accuracy change over a baseline measured in the same rounds, and the P99 verdict."""
+    from pareto.frontier import p99_verdict
+
+    metrics = dict(metrics)
+    metrics["speedup_p50"] = baseline["latency_p50_ms"] / metrics["latency_p50_ms"]
+    metrics["speedup_p99"] = baseline["latency_p99_ms"] / metrics["latency_p99_ms"]
+    metrics["accuracy_delta"] = metrics["accuracy"] - baseline["accuracy"]
+    metrics["baseline_latency_p50_ms"] = baseline["latency_p50_ms"]
+    metrics["baseline_latency_p99_ms"] = baseline["latency_p99_ms"]
+    if p99_ms is not None:
         metrics["p99_verdict"] = p99_verdict(metrics, p99_ms)
         metrics["slo_p99_ms"] = p99_ms
+    return metrics
+
+
+def _read_only_bench(task: Any, settings: Any, db: str | None) -> dict[str, Any]:
+    """Device, threads, environment, roofline profile and contention probe, reading the database
+    (calibrations, the probe's quiet time) when there is one and writing nothing."""
+    import torch
+
+    from pareto.errors import StoreError
+    from pareto.measure.environment import environment_key, fingerprint
+    from pareto.measure.latency import resolve_device
+    from pareto.measure.probe import ContentionProbe
+    from pareto.measure.roofline import resolve_profile
+    from pareto.store.models import Environment
+
+    device = resolve_device(settings.device)
+    threads = settings.threads or torch.get_num_threads()
+    env = fingerprint(device, threads)
+    calibration, note, quiet = None, None, None
+    try:
+        engine = open_engine(resolve_url(db), create=False)
+        require_schema(engine)
+        with session_scope(engine) as session:
+            calibration, note = queries.host_calibration(session, env)
+            row = session.query(Environment).filter(Environment.key == environment_key(env)).one_or_none()
+            quiet = row.probe_quiet_ms if row is not None else None
+    except StoreError:
+        pass  # no database yet: no calibration, and the probe's quiet time is this run's own
+    profile, missing = resolve_profile(settings.hardware, fingerprint=env, calibration=calibration)
+    probe = None
+    if settings.contention_limit is not None:
+        probe = ContentionProbe(device, threads=threads, stored_quiet_ms=quiet, limit=settings.contention_limit)
+    return {"device": device, "threads": threads, "fingerprint": env, "profile": profile, "probe": probe,
+            "note": note or (missing if settings.hardware in {"auto", "host"} else None)}
+
+
+def remeasure(
+    *,
+    study: str | None = None,
+    trial: int,
+    slo_p99: str | float | None = None,
+    device: str | None = None,
+    db: str | None = None,
+) -> dict[str, Any]:
+    """Measure a stored trial again with its stored method, beside its stored figures.
+
+    The trial's configuration is rebuilt from the study's task and timed with the baseline in
+    interleaved rounds (the stored rounds, calls, warm-up, confidence and thread count). The
+    measurement is stored (kind "remeasure") and compared with the stored one.
+
+    Returns:
+        ``{"config", "metrics", "environment", "stored", "verdict_holds", "verdict", "notes"}``:
+        ``stored`` is the measurement ``best`` would use, ``verdict`` the P99 verdicts stored and now,
+        ``verdict_holds`` whether they agree (None without an SLO).
+
+    Raises:
+        UsageError: unknown study or trial, a trial that was never measured; MachineBusy: the
+            machine stayed busy through the rounds.
+    """
+    from pareto.task import load_task
+
+    url = resolve_url(db)
+    engine = open_engine(url, create=False)
+    require_schema(engine)
+    with session_scope(engine) as session:
+        row = queries.get_study(session, study) if study else queries.default_study(session)
+        trial_id, stored = queries.trial_measurements(session, row, trial)
+        name, task_name, spec, study_id = row.name, row.task, row.spec, row.id
+    p99_ms = _duration(slo_p99) if slo_p99 is not None else spec.get("slo", {}).get("p99")
+    task = load_task(task_name)
+    return _remeasure(url, task, study_id, name, (trial, trial_id), stored, p99_ms, device)
+
+
+def _remeasure(
+    url: str, task: Any, study_id: int, study: str, trial: tuple[int, int], stored: list[Candidate],
+    p99_ms: float | None, device: str | None,
+) -> dict[str, Any]:
+    """Time a stored trial (number, row id) and the baseline in interleaved rounds; store; compare."""
+    from pareto._runs import baseline_trial, finish_run, open_bench, start_run, store_measurement, stored_metrics
+    from pareto.assess import build, remeasured, round_plan
+    from pareto.compress import Config
+    from pareto.frontier import p99_verdict
+    from pareto.measure.latency import Timed, measure_interleaved
+    from pareto.metrics import FIELD_NAMES, Metrics
+
+    settings = _method_of(stored[0], device)
+    bench = open_bench(url, task, settings, with_profile=False)
+    here = [c for c in stored if c.environment["key"] == _key_of(bench.fingerprint)]
+    before = (here or stored)[0]
+    config = Config.from_dict(before.config)
+    run = start_run(bench, kind="remeasure", study_id=study_id)
+    (number, trial_id), base_id = trial, baseline_trial(bench, study_id, config.batch_size)
+    items = [Timed(build(task, config, bench.device)[0], task.example_input(config.batch_size))]
+    if base_id is not None and base_id != trial_id:
+        items.append(Timed(build(task, Config(batch_size=config.batch_size), bench.device)[0], items[0].inputs))
+    latencies = measure_interleaved(items, device=bench.device, plan=round_plan(settings, None), threads=bench.threads,
+                                    probe=run.probe)
+    now = remeasured(Metrics(**{k: before.metrics[k] for k in FIELD_NAMES}), latencies[0])
+    store_measurement(bench, run, trial_id, now, kind="remeasure")
+    base_now = now
+    if len(latencies) > 1 and base_id is not None:
+        base_stored = stored_metrics(bench, base_id)
+        assert base_stored is not None
+        base_now = remeasured(base_stored, latencies[1])
+        store_measurement(bench, run, base_id, base_now, kind="baseline")
+    finish_run(bench, run, remeasured=number)
+    metrics = _with_speedups(now.to_dict(), base_now.to_dict(), p99_ms)
+    verdicts = {"stored": p99_verdict(before.metrics, p99_ms) if p99_ms else None, "now": metrics.get("p99_verdict")}
+    notes = [] if here else [f"Trial {number} was measured in environment {before.environment['key']}, not this one "
+                             f"({_key_of(bench.fingerprint)}): the figures are not strictly comparable."]
     return {
-        "config": config.to_dict(),
+        "config": before.config,
         "metrics": metrics,
-        "environment": {**env, "key": environment_key(env)},
-        "notes": result.notes,
+        "environment": {**bench.fingerprint, "key": _key_of(bench.fingerprint)},
+        "stored": {**before.metrics, "environment": before.environment, "confirmation": before.confirmation},
+        "verdict": verdicts,
+        "verdict_holds": verdicts["stored"] == verdicts["now"] if p99_ms else None,
+        "study": study,
+        "trial": number,
+        "notes": notes,
     }
+
+
+def _method_of(stored: Candidate, device: str | None) -> Any:
+    """A stored measurement's method as settings: its rounds, calls, warm-up, confidence, threads."""
+    from pareto.spec import Measure
+
+    m = stored.metrics
+    samples = int(m["samples"])
+    return Measure(
+        device=device or stored.environment["device"],
+        threads=stored.environment["threads"],
+        samples=samples,
+        rounds=min(m.get("rounds") or DEFAULT_ROUNDS, samples),
+        warmup=m["warmup"],
+        confidence=max(m["confidence"], MIN_CONFIDENCE),
+        hardware=None,
+    )
+
+
+def _key_of(fingerprint: dict[str, Any]) -> str:
+    from pareto.measure.environment import environment_key
+
+    return environment_key(fingerprint)
 
 
 def parse_technique_option(option: str) -> Any:
@@ -258,21 +525,21 @@ def _scalar(text: str) -> Any:
     return text
 
 
-def _profile_for(hardware: str | None, db: str | None, env: dict[str, Any], device: str) -> Any:
+def _profile_for(hardware: str | None, db: str | None, env: dict[str, Any]) -> Any:
     """Resolve a roofline profile, reading calibrations from the database when one exists."""
     from pareto.errors import StoreError
+    from pareto.measure.roofline import resolve_profile
 
-    session_engine = None
+    calibration = None
     if hardware in {"auto", "host"}:
         try:
-            session_engine = open_engine(resolve_url(db), create=False)
-            require_schema(session_engine)
+            engine = open_engine(resolve_url(db), create=False)
+            require_schema(engine)
+            with session_scope(engine) as session:
+                calibration = queries.host_calibration(session, env)[0]
         except StoreError:
-            session_engine = None
-    if session_engine is None:
-        return queries.resolve_profile(None, hardware, fingerprint=env)[0]
-    with session_scope(session_engine) as session:
-        return queries.resolve_profile(session, hardware, fingerprint=env)[0]
+            calibration = None
+    return resolve_profile(hardware, fingerprint=env, calibration=calibration)[0]
 
 
 def calibrate(*, device: str = "auto", threads: int | None = None, seconds: float = 5.0,
@@ -346,7 +613,7 @@ def roofline(
     resolved = resolve_device(device)
     # the environment `pareto calibrate` stored: same device, torch's default thread count
     env = fingerprint(resolved, torch.get_num_threads())
-    profile = _profile_for(hardware, db, env, resolved)
+    profile = _profile_for(hardware, db, env)
     if profile is None:
         raise UsageError("No hardware profile: pass --hardware NAME (see 'pareto hardware') or run 'pareto calibrate'.")
     loaded = load_task(task)

@@ -2,37 +2,39 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pareto.compress import Config, apply
-from pareto.errors import TechniqueError, UsageError
+from pareto.errors import MachineBusy, TechniqueError, UsageError
+from pareto.metrics import METHOD_SEPARATOR, Metrics
 
 if TYPE_CHECKING:
     from torch import nn
 
+    from pareto.measure.latency import LatencyResult, RoundPlan
+    from pareto.measure.probe import ContentionProbe
     from pareto.measure.roofline import HardwareProfile
     from pareto.spec import Measure
     from pareto.task import Task
 
 
-#: Joins the method of each term (latency, memory, compute) in a measurement's ``method``.
-METHOD_SEPARATOR = " | "
-
-
 @dataclass
 class Assessment:
-    """What one configuration measured: ``metrics`` (the columns of a measurement row) and timings."""
+    """What one configuration measured, and how long each phase took."""
 
     config: Config
-    metrics: dict[str, Any]
+    metrics: Metrics
     compress_s: float
     compile_s: float | None
     latency_s: float
     accuracy_s: float
     notes: list[str]
+    #: why the roofline profile cannot be right (the model ran faster than its bound), or None
+    suspect_profile: str | None = None
 
 
 def check_input_fits(task: Task) -> None:
@@ -54,66 +56,33 @@ def check_input_fits(task: Task) -> None:
         ) from exc
 
 
-def assess(
-    task: Task,
-    config: Config,
-    *,
-    device: str,
-    threads: int,
-    measure: Measure,
-    slo_ms: float | None = None,
-    profile: HardwareProfile | None = None,
-    baseline_theoretical_bytes: int,
-) -> Assessment:
-    """Apply ``config`` to a copy of the task's model and measure accuracy, latency, memory and compute.
+def round_plan(measure: Measure, slo_ms: float | None, *, adaptive: bool | None = None) -> RoundPlan:
+    """The rounds a measurement takes under ``measure``; adaptive when an SLO and a budget are set."""
+    from pareto.measure.latency import RoundPlan
 
-    Latency is timed first (it decides the SLO verdict), then accuracy, then the memory terms, the
-    FLOPs and bytes of one forward pass and, given a hardware profile, the roofline.
+    use = (measure.adaptive_budget is not None and slo_ms is not None) if adaptive is None else adaptive
+    return RoundPlan(
+        samples=measure.samples,
+        rounds=measure.rounds,
+        warmup=measure.warmup,
+        confidence=measure.confidence,
+        slo_ms=slo_ms if use else None,
+        budget_s=measure.adaptive_budget / 1000 if use and measure.adaptive_budget else None,
+    )
 
-    Raises:
-        TechniqueError: the configuration broke the model (the reason is kept for the trial).
-    """
-    from pareto.measure.compute import compute_cost, compute_dtype
-    from pareto.measure.latency import measure_latency
-    from pareto.measure.memory import memory_breakdown, params_bytes, theoretical_bytes
 
+def build(task: Task, config: Config, device: str) -> tuple[nn.Module, float, float | None]:
+    """The compressed model, the seconds spent compressing, and torch.compile's first-call seconds."""
     t0 = time.perf_counter()
     model = apply(task.model, config, task, device=device)
     compile_s = getattr(model, "pareto_compile_s", None)
-    compress_s = time.perf_counter() - t0 - (compile_s or 0.0)
-    notes: list[str] = []
-    try:
-        inputs = task.example_input(config.batch_size)
-        t1 = time.perf_counter()
-        adaptive = measure.adaptive_budget is not None and slo_ms is not None
-        latency = measure_latency(
-            model,
-            inputs,
-            device=device,
-            samples=measure.samples,
-            warmup=measure.warmup,
-            threads=threads,
-            confidence=measure.confidence,
-            slo_ms=slo_ms if adaptive else None,
-            budget_s=measure.adaptive_budget / 1000 if adaptive and measure.adaptive_budget else None,
-        )
-        t2 = time.perf_counter()
-        accuracy = float(task.evaluate(model))
-        t3 = time.perf_counter()
-        memory = memory_breakdown(model, inputs, device=device, batch_size=config.batch_size, attention=task.attention)
-        cost = compute_cost(model, inputs)
-        dtype = compute_dtype(model)
-        stored_bytes, ideal_bytes = params_bytes(model), theoretical_bytes(model)
-    except UsageError:
-        raise
-    except Exception as exc:  # a compressed model that cannot run or be measured fails its trial, reason kept
-        raise TechniqueError(f"{config.describe()} could not be measured: {type(exc).__name__}: {exc}") from exc
-    if not math.isfinite(accuracy):
-        raise TechniqueError(f"{config.describe()} made the task's metric {accuracy}")
+    return model, time.perf_counter() - t0 - (compile_s or 0.0), compile_s
+
+
+def latency_fields(latency: LatencyResult, batch_size: int) -> dict[str, Any]:
+    """The ``Metrics`` fields a latency measurement sets."""
     s = latency.summary
-    metrics: dict[str, Any] = {
-        "accuracy": accuracy,
-        "batch_size": config.batch_size,
+    return {
         "latency_mean_ms": s.mean_ms,
         "latency_p50_ms": s.p50_ms,
         "latency_p50_lower_ms": _finite_or_none(s.p50_lower_ms),
@@ -127,49 +96,170 @@ def assess(
         "samples": s.samples,
         "warmup": latency.warmup,
         "confidence": s.confidence,
-        "method": METHOD_SEPARATOR.join(filter(None, [latency.method, latency.stop_reason, memory.method, cost.method])),
-        "throughput_per_s": config.batch_size / (s.mean_ms / 1000),
+        "throughput_per_s": batch_size / (s.mean_ms / 1000),
+        "rounds": s.rounds,
+        "discarded_rounds": latency.discarded_rounds,
+        "round_spread": s.round_spread,
+        "p99_bound": s.p99_bound,
+        "probe_ratio_max": latency.probe_ratio_max,
+        "load_average": latency.load_average,
+    }
+
+
+def remeasured(stored: Metrics, latency: LatencyResult) -> Metrics:
+    """``stored`` with its latency (and what follows from it) replaced by a new measurement."""
+    if latency.busy:
+        raise MachineBusy(latency.stop_reason or "machine busy")
+    fields = latency_fields(latency, stored.batch_size)
+    rest = stored.method.split(METHOD_SEPARATOR)[1:]
+    fields["method"] = METHOD_SEPARATOR.join([latency.method, *rest])
+    if stored.roofline_bound_ms is not None:
+        fraction = stored.roofline_bound_ms / fields["latency_p50_ms"]
+        fields["achieved_fraction"] = None if fraction > 1 else fraction
+        fields["roofline_suspect"] = fraction > 1
+    return dataclasses.replace(stored, **fields)
+
+
+def assess(
+    task: Task,
+    config: Config,
+    *,
+    device: str,
+    threads: int,
+    measure: Measure,
+    slo_ms: float | None = None,
+    profile: HardwareProfile | None = None,
+    baseline_theoretical_bytes: int,
+    probe: ContentionProbe | None = None,
+) -> Assessment:
+    """Apply ``config`` to a copy of the task's model and measure accuracy, latency, memory and compute.
+
+    Latency is timed first, in rounds with the contention probe between them (it decides the SLO
+    verdict), then ``complete`` measures the rest.
+
+    Raises:
+        TechniqueError: the configuration broke the model (the reason is kept for the trial).
+        MachineBusy: the contention guard discarded too many rounds; nothing else was measured.
+    """
+    from pareto.measure.latency import measure_latency
+
+    model, compress_s, compile_s = build(task, config, device)
+    t1 = time.perf_counter()
+    try:
+        latency = measure_latency(
+            model, task.example_input(config.batch_size), device=device, plan=round_plan(measure, slo_ms),
+            threads=threads, probe=probe,
+        )
+    except UsageError:
+        raise
+    except Exception as exc:  # a compressed model that cannot run fails its trial, reason kept
+        raise TechniqueError(f"{config.describe()} could not be measured: {type(exc).__name__}: {exc}") from exc
+    latency_s = time.perf_counter() - t1
+    result = complete(task, config, model, latency, device=device, threads=threads, measure=measure, slo_ms=slo_ms,
+                      profile=profile, baseline_theoretical_bytes=baseline_theoretical_bytes)
+    result.compress_s, result.compile_s, result.latency_s = compress_s, compile_s, latency_s
+    return result
+
+
+def complete(
+    task: Task,
+    config: Config,
+    model: nn.Module,
+    latency: LatencyResult,
+    *,
+    device: str,
+    threads: int,
+    measure: Measure,
+    slo_ms: float | None,
+    profile: HardwareProfile | None,
+    baseline_theoretical_bytes: int,
+) -> Assessment:
+    """Everything after the latency: accuracy, memory, compute, the roofline, the throughput sweep.
+
+    Raises:
+        TechniqueError: the model could not be evaluated or measured.
+        MachineBusy: ``latency`` was given up as busy.
+    """
+    if latency.busy:
+        raise MachineBusy(latency.stop_reason or "machine busy")
+    inputs = task.example_input(config.batch_size)
+    t0 = time.perf_counter()
+    accuracy, other, notes = _other_axes(task, config, model, inputs, device=device)
+    accuracy_s = time.perf_counter() - t0
+    fields = {
+        **latency_fields(latency, config.batch_size),
+        **other,
+        "accuracy": accuracy,
+        "batch_size": config.batch_size,
+        "compression_ratio": baseline_theoretical_bytes / max(other["theoretical_bytes"], 1),
+    }
+    fields["method"] = METHOD_SEPARATOR.join(filter(None, [latency.method, latency.stop_reason, fields["method"]]))
+    dtype = fields.pop("dtype")
+    suspect = _roofline(fields, profile, dtype, notes) if profile is not None else None
+    if measure.throughput_sweep:
+        _sweep(fields, model, task, config, device=device, threads=threads, measure=measure, slo_ms=slo_ms)
+    return Assessment(config, Metrics(**fields), 0.0, None, latency.elapsed_s, accuracy_s, notes, suspect)
+
+
+def _other_axes(
+    task: Task, config: Config, model: nn.Module, inputs: Any, *, device: str
+) -> tuple[float, dict[str, Any], list[str]]:
+    """Accuracy, then memory and compute; the ``method`` key joins their methods."""
+    from pareto.measure.compute import compute_cost, compute_dtype
+    from pareto.measure.memory import memory_breakdown, params_bytes, theoretical_bytes
+
+    try:
+        accuracy = float(task.evaluate(model))
+        memory = memory_breakdown(model, inputs, device=device, batch_size=config.batch_size, attention=task.attention)
+        cost = compute_cost(model, inputs)
+        dtype = compute_dtype(model)
+        stored_bytes, ideal_bytes = params_bytes(model), theoretical_bytes(model)
+    except UsageError:
+        raise
+    except Exception as exc:  # a compressed model that cannot be evaluated fails its trial, reason kept
+        raise TechniqueError(f"{config.describe()} could not be measured: {type(exc).__name__}: {exc}") from exc
+    if not math.isfinite(accuracy):
+        raise TechniqueError(f"{config.describe()} made the task's metric {accuracy}")
+    return accuracy, {
+        "method": METHOD_SEPARATOR.join([memory.method, cost.method]),
         "params_bytes": stored_bytes,
         "theoretical_bytes": ideal_bytes,
-        "compression_ratio": baseline_theoretical_bytes / max(ideal_bytes, 1),
         "activation_bytes": memory.activation_bytes,
         "kv_cache_bytes": memory.kv_cache_bytes,
         "memory_bytes": memory.total_bytes,
         "flops": cost.flops,
         "bytes_moved": cost.bytes_moved,
         "arithmetic_intensity": _finite_or_none(cost.arithmetic_intensity),
-        "hardware_profile": None,
-        "roofline_bound_ms": None,
-        "regime": None,
-        "achieved_fraction": None,
-        "throughput_curve": None,
-        "saturation_batch": None,
-        "max_batch_within_slo": None,
-    }
-    if profile is not None:
-        _roofline(metrics, profile, dtype, notes)
-    if measure.throughput_sweep:
-        _sweep(metrics, model, task, config, device=device, threads=threads, measure=measure, slo_ms=slo_ms)
-    return Assessment(config, metrics, compress_s, compile_s, t2 - t1, t3 - t2, notes)
+        "dtype": dtype,
+    }, []
 
 
-def _roofline(metrics: dict[str, Any], profile: HardwareProfile, dtype: str, notes: list[str]) -> None:
-    from pareto.measure.roofline import achieved_fraction, roofline_bound_ms
+def _roofline(fields: dict[str, Any], profile: HardwareProfile, dtype: str, notes: list[str]) -> str | None:
+    """Place the measurement on the roofline; return why the profile is wrong when it ran faster."""
+    from pareto.measure.roofline import achieved_fraction, ceiling_suspect, roofline_bound_ms
     from pareto.measure.roofline import regime as regime_of
 
     if dtype not in profile.peak_flops:
         notes.append(f"no roofline: profile {profile.name!r} has no {dtype} peak")
-        return
-    bound = roofline_bound_ms(metrics["flops"], metrics["bytes_moved"], profile, dtype)
-    intensity = metrics["arithmetic_intensity"]
-    metrics["hardware_profile"] = profile.name
-    metrics["roofline_bound_ms"] = bound
-    metrics["regime"] = regime_of(intensity if intensity is not None else math.inf, profile, dtype)
-    metrics["achieved_fraction"] = achieved_fraction(bound, metrics["latency_p50_ms"])
+        return None
+    bound = roofline_bound_ms(fields["flops"], fields["bytes_moved"], profile, dtype)
+    intensity = fields["arithmetic_intensity"]
+    fraction = achieved_fraction(bound, fields["latency_p50_ms"])
+    suspect = ceiling_suspect(fraction, profile)
+    fields.update(
+        hardware_profile=profile.name,
+        roofline_bound_ms=bound,
+        regime=regime_of(intensity if intensity is not None else math.inf, profile, dtype),
+        achieved_fraction=None if suspect else fraction,
+        roofline_suspect=suspect is not None,
+    )
+    if suspect:
+        notes.append(f"roofline not shown as fact: {suspect}")
+    return suspect
 
 
 def _sweep(
-    metrics: dict[str, Any], model: nn.Module, task: Task, config: Config, *, device: str, threads: int,
+    fields: dict[str, Any], model: nn.Module, task: Task, config: Config, *, device: str, threads: int,
     measure: Measure, slo_ms: float | None,
 ) -> None:
     from pareto.measure.throughput import default_batch_sweep, throughput_curve
@@ -179,15 +269,13 @@ def _sweep(
         task.example_input,
         default_batch_sweep(2 * config.batch_size),
         device=device,
-        samples=measure.samples,
-        warmup=measure.warmup,
+        plan=round_plan(measure, slo_ms, adaptive=False),
         threads=threads,
         slo_ms=slo_ms,
-        confidence=measure.confidence,
     )
-    metrics["throughput_curve"] = curve.to_dict()["points"]
-    metrics["saturation_batch"] = curve.saturation_batch
-    metrics["max_batch_within_slo"] = curve.max_batch_within_slo
+    fields["throughput_curve"] = curve.to_dict()["points"]
+    fields["saturation_batch"] = curve.saturation_batch
+    fields["max_batch_within_slo"] = curve.max_batch_within_slo
 
 
 def _finite_or_none(value: float | None) -> float | None:

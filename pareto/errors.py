@@ -35,3 +35,12 @@ class DatabasePathError(StoreError, UsageError):
 
 class NoFeasibleConfiguration(ParetoError):
     """No stored configuration meets the SLOs."""
+
+
+class MachineBusy(ParetoError):
+    """The contention guard discarded more rounds than allowed: no verdict can be given now.
+
+    Exit code 75 (EX_TEMPFAIL, sysexits.h): try again when the machine is quieter.
+    """
+
+    exit_code = 75

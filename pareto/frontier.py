@@ -1,31 +1,34 @@
-"""The Pareto frontier, the SLO filter on conservative bounds, and the pick; no torch, no database."""
+"""The Pareto frontier, the SLO rules on conservative bounds, and the pick; no torch, no database."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pareto.errors import NoFeasibleConfiguration
-from pareto.measure.stats import MIN_SAMPLES_P99, Verdict, slo_verdict
+from pareto.slo import MIN_SAMPLES_P99, P99_BOUND_METRIC, Verdict, slo_verdict
 from pareto.units import format_bytes, format_ms
 
 #: Objective names a study may use: the stored metric behind each, and whether more is better.
 #: The latency objectives use the conservative bound; "memory" is params + activations + KV cache.
 OBJECTIVES: dict[str, tuple[str, bool]] = {
     "accuracy": ("accuracy", True),
-    "p99": ("latency_p99_upper_ms", False),
+    "p99": (P99_BOUND_METRIC, False),
     "p50": ("latency_p50_ms", False),
     "memory": ("memory_bytes", False),
     "throughput": ("throughput_per_s", True),
     "bytes_moved": ("bytes_moved", False),
     "flops": ("flops", False),
 }
-DEFAULT_OBJECTIVES: tuple[tuple[str, bool], ...] = (OBJECTIVES["accuracy"], OBJECTIVES["p99"])
+#: The objectives of a study that names none.
+DEFAULT_OBJECTIVE_NAMES: tuple[str, ...] = ("accuracy", "p99")
+DEFAULT_OBJECTIVES: tuple[tuple[str, bool], ...] = tuple(OBJECTIVES[name] for name in DEFAULT_OBJECTIVE_NAMES)
 
 
-def objective_metrics(names: list[str] | tuple[str, ...]) -> tuple[tuple[str, bool], ...]:
+def objective_metrics(names: Sequence[str]) -> tuple[tuple[str, bool], ...]:
     """(metric, maximize?) for objective names such as ``["accuracy", "p99", "memory"]``."""
     return tuple(OBJECTIVES[name] for name in names)
 
@@ -48,6 +51,10 @@ class Constraints:
             "min_throughput_per_s": self.min_throughput_per_s,
         }
 
+    @property
+    def any(self) -> bool:
+        return any(v is not None for v in self.to_dict().values())
+
     def describe(self) -> str:
         parts = []
         if self.p99_ms is not None:
@@ -63,7 +70,11 @@ class Constraints:
 
 @dataclass
 class Candidate:
-    """One measured configuration as the queries see it."""
+    """One measured configuration as the queries see it.
+
+    ``confirmation`` is None unless the metrics come from a confirmation (interleaved rounds with the
+    baseline): then it holds ``rounds``, ``discarded_rounds`` and ``confirmed_at``.
+    """
 
     study: str
     trial: int
@@ -72,6 +83,7 @@ class Candidate:
     metrics: dict[str, Any]
     environment: dict[str, Any]
     slo: dict[str, Any] = field(default_factory=dict)
+    confirmation: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -80,7 +92,33 @@ class Candidate:
             "config": self.config,
             "metrics": self.metrics,
             "slo": self.slo,
+            "confirmation": self.confirmation,
             "environment": self.environment,
+        }
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """A candidate against the constraints, on the conservative bounds.
+
+    ``feasible`` is None when nothing is constrained; ``distance`` sums the relative gaps of the
+    violated limits (how far from feasible); ``undecided_only`` means the one problem is a P99 bound
+    that could not be decided (too few samples), not a miss.
+    """
+
+    feasible: bool | None
+    p99_verdict: Verdict | None
+    violations: tuple[str, ...]
+    distance: float
+    undecided_only: bool
+
+    def to_dict(self, constraints: Constraints) -> dict[str, Any]:
+        return {
+            **constraints.to_dict(),
+            "p99_verdict": self.p99_verdict,
+            "feasible": self.feasible,
+            "undecided_only": self.undecided_only,
+            "violations": list(self.violations),
         }
 
 
@@ -105,10 +143,13 @@ def non_dominated(points: Sequence[Sequence[float]], maximize: Sequence[bool]) -
 
 
 def objective_value(metrics: dict[str, Any], metric: str) -> float | None:
-    """A stored metric as an objective: the P99 bound falls back to the point estimate when too few
-    samples bound it (such a trial is never "met"); memory falls back to parameters for old rows."""
-    if metric == "latency_p99_upper_ms" and metrics.get(metric) is None:
-        metric = "latency_p99_ms"
+    """A stored metric as an objective value, None when it was not measured.
+
+    A P99 without an upper bound (too few samples to bound it) counts as +inf: never better than a
+    bounded one. Memory falls back to the parameters for rows stored before the other terms existed.
+    """
+    if metric == P99_BOUND_METRIC and metrics.get(metric) is None:
+        return math.inf if metrics.get("latency_p99_ms") is not None else None
     if metric == "memory_bytes":
         return float(memory_bytes(metrics))
     value = metrics.get(metric)
@@ -121,101 +162,122 @@ def frontier(
 ) -> list[Candidate]:
     """The non-dominated candidates, fastest first."""
     usable = [c for c in candidates if all(objective_value(c.metrics, name) is not None for name, _ in objectives)]
-    points = [[objective_value(c.metrics, name) for name, _ in objectives] for c in usable]
+    points = [[objective_value(c.metrics, name) or 0.0 for name, _ in objectives] for c in usable]
     front = [usable[i] for i in non_dominated(points, [m for _, m in objectives])]
     return sorted(front, key=lambda c: (_p99_key(c), -c.metrics["accuracy"], c.trial))
 
 
 def p99_verdict(metrics: dict[str, Any], slo_ms: float, min_samples: int = MIN_SAMPLES_P99) -> Verdict:
-    """The P99 verdict of stored metrics; a missing bound (None) means unbounded on that side."""
-    lower, upper = metrics.get("latency_p99_lower_ms"), metrics.get("latency_p99_upper_ms")
+    """The P99 verdict of stored metrics; a missing bound means unbounded on that side."""
     return slo_verdict(
-        -math.inf if lower is None else lower,
-        math.inf if upper is None else upper,
+        metrics.get("latency_p99_lower_ms"),
+        metrics.get(P99_BOUND_METRIC),
         slo_ms,
-        int(metrics.get("samples", 0)),
+        int(metrics.get("samples") or 0),
         min_samples=min_samples,
     )
 
 
-def evaluate(candidate: Candidate, constraints: Constraints) -> tuple[bool, list[str], float]:
-    """(feasible, violations as phrases, relative distance to feasibility) on the conservative bounds."""
-    m = candidate.metrics
-    violations: list[str] = []
-    distance = 0.0
-    verdict = None
-    undecided = False
+def constraint_gaps(metrics: dict[str, Any], constraints: Constraints) -> dict[str, float]:
+    """The relative gap to every limit set, <= 0 when the limit is met (Optuna's convention).
+
+    Each gap is relative to its limit, so that limits in different units weigh alike when a sampler
+    adds them up: the P99 bound over the SLO, the accuracy under the floor, the memory over the
+    budget, the throughput under the floor, each divided by the limit. A P99 without an upper bound
+    is +inf; one within the SLO from too few samples for a claim is a small positive gap.
+    """
+    gaps: dict[str, float] = {}
     if constraints.p99_ms is not None:
-        verdict = p99_verdict(m, constraints.p99_ms, constraints.min_samples)
-        upper = m.get("latency_p99_upper_ms")
-        if verdict != "met":
-            if upper is None or not math.isfinite(upper):
-                violations.append(f"its P99 bound is undecided after {m.get('samples')} samples")
-                distance += 1.0
-                undecided = verdict == "uncertain"
-            elif upper > constraints.p99_ms:
-                over = upper - constraints.p99_ms
-                ratio = upper / constraints.p99_ms
-                how_far = f"{ratio:.0f}× the SLO" if ratio >= 10 else f"{over / constraints.p99_ms:.0%} over"
-                violations.append(
-                    f"its P99 upper bound is {format_ms(upper)}, {format_ms(over)} ({how_far}) "
-                    f"above {format_ms(constraints.p99_ms)}"
-                )
-                distance += over / constraints.p99_ms
-            else:
-                violations.append(
-                    f"its P99 is within {format_ms(constraints.p99_ms)} but from only {m.get('samples')} "
-                    f"samples (need {constraints.min_samples})"
-                )
-                distance += 0.01
-                undecided = True
-    if constraints.min_accuracy is not None and m["accuracy"] < constraints.min_accuracy:
-        short = constraints.min_accuracy - m["accuracy"]
-        violations.append(f"its accuracy {m['accuracy']:.4g} is {short:.3g} below {constraints.min_accuracy:g}")
-        distance += short / max(abs(constraints.min_accuracy), 1e-12)
-    memory = memory_bytes(m)
-    if constraints.max_memory_bytes is not None and memory > constraints.max_memory_bytes:
-        over_b = memory - constraints.max_memory_bytes
-        violations.append(f"its memory is {format_bytes(memory)}, {format_bytes(over_b)} over the budget")
-        distance += over_b / constraints.max_memory_bytes
-    floor = constraints.min_throughput_per_s
-    if floor is not None and m["throughput_per_s"] < floor:
-        short_t = floor - m["throughput_per_s"]
-        violations.append(f"its throughput is {m['throughput_per_s']:,.0f}/s, {short_t:,.0f}/s below {floor:,.0f}/s")
-        distance += short_t / floor
-    constrained = any(v is not None for v in constraints.to_dict().values())
-    # with no SLO at all there is nothing to meet: the verdict is absent, not "meets"
-    candidate.slo = {
-        **constraints.to_dict(),
-        "p99_verdict": verdict,
-        "feasible": (not violations) if constrained else None,
-        "undecided_only": verdict == "uncertain" and len(violations) == 1 and undecided,
-        "violations": violations,
-    }
-    return not violations, violations, distance
+        upper = metrics.get(P99_BOUND_METRIC)
+        gap = math.inf if upper is None else (upper - constraints.p99_ms) / constraints.p99_ms
+        if int(metrics.get("samples") or 0) < constraints.min_samples:
+            gap = max(gap, 1e-6)
+        gaps["p99_ms"] = gap
+    if constraints.min_accuracy is not None:
+        gaps["min_accuracy"] = (constraints.min_accuracy - metrics["accuracy"]) / _scale(constraints.min_accuracy)
+    if constraints.max_memory_bytes is not None:
+        gaps["max_memory_bytes"] = (memory_bytes(metrics) - constraints.max_memory_bytes) / constraints.max_memory_bytes
+    if constraints.min_throughput_per_s is not None:
+        floor = constraints.min_throughput_per_s
+        gaps["min_throughput_per_s"] = (floor - metrics["throughput_per_s"]) / floor
+    return gaps
+
+
+def evaluate(metrics: dict[str, Any], constraints: Constraints) -> Judgement:
+    """Judge stored metrics against the constraints (no side effects)."""
+    gaps = constraint_gaps(metrics, constraints)
+    violations: list[str] = []
+    verdict = p99_verdict(metrics, constraints.p99_ms, constraints.min_samples) if constraints.p99_ms else None
+    undecided = False
+    if constraints.p99_ms is not None and gaps["p99_ms"] > 0:
+        phrase, undecided = _p99_violation(metrics, constraints)
+        violations.append(phrase)
+    if gaps.get("min_accuracy", 0) > 0:
+        floor, acc = constraints.min_accuracy or 0.0, metrics["accuracy"]
+        violations.append(f"its accuracy {acc:.4g} is {floor - acc:.3g} below {floor:g}")
+    if gaps.get("max_memory_bytes", 0) > 0:
+        memory = memory_bytes(metrics)
+        over = memory - (constraints.max_memory_bytes or 0)
+        violations.append(f"its memory is {format_bytes(memory)}, {format_bytes(over)} over the budget")
+    if gaps.get("min_throughput_per_s", 0) > 0:
+        floor_t, have = constraints.min_throughput_per_s or 0.0, metrics["throughput_per_s"]
+        violations.append(f"its throughput is {have:,.0f}/s, {floor_t - have:,.0f}/s below {floor_t:,.0f}/s")
+    distance = sum(max(gap, 0.0) for gap in gaps.values())
+    return Judgement(
+        feasible=(not violations) if constraints.any else None,
+        p99_verdict=verdict,
+        violations=tuple(violations),
+        distance=distance if math.isfinite(distance) else 1e9,
+        undecided_only=undecided and len(violations) == 1,
+    )
+
+
+def _p99_violation(metrics: dict[str, Any], constraints: Constraints) -> tuple[str, bool]:
+    """How the P99 falls short, and whether that is only undecided (not a miss)."""
+    slo = constraints.p99_ms or 0.0
+    upper, samples = metrics.get(P99_BOUND_METRIC), metrics.get("samples")
+    if upper is None:
+        return f"its P99 bound is undecided after {samples} samples", p99_verdict(metrics, slo) == "uncertain"
+    if upper > slo:
+        over, ratio = upper - slo, upper / slo
+        how_far = f"{ratio:.0f}× the SLO" if ratio >= 10 else f"{over / slo:.0%} over"
+        return f"its P99 upper bound is {format_ms(upper)}, {format_ms(over)} ({how_far}) above {format_ms(slo)}", False
+    return (
+        f"its P99 is within {format_ms(slo)} but from only {samples} samples (need {constraints.min_samples})",
+        True,
+    )
+
+
+def judged(candidate: Candidate, constraints: Constraints) -> Candidate:
+    """A copy of ``candidate`` with its ``slo`` judgement attached."""
+    return dataclasses.replace(candidate, slo=evaluate(candidate.metrics, constraints).to_dict(constraints))
 
 
 def select_best(candidates: Sequence[Candidate], constraints: Constraints, *, study: str) -> Candidate:
-    """Highest accuracy among the feasible candidates, then the lowest P99 upper bound.
+    """Highest accuracy among the feasible candidates, then the lowest P99 upper bound, confirmed first.
+
+    Returns:
+        The pick, with its ``slo`` judgement attached.
 
     Raises:
         NoFeasibleConfiguration: nothing meets the constraints; the message names the closest candidate.
     """
     if not candidates:
         raise NoFeasibleConfiguration(f"Study {study!r} has no completed trial to choose from yet.")
-    judged = [(c, *evaluate(c, constraints)) for c in candidates]
-    feasible = [c for c, ok, _, _ in judged if ok]
+    judgements = [(c, evaluate(c.metrics, constraints)) for c in candidates]
+    feasible = [c for c, j in judgements if j.feasible is not False]
     if feasible:
-        return min(feasible, key=lambda c: (-c.metrics["accuracy"], _p99_key(c), c.trial))
-    closest, _, violations, _ = min(judged, key=lambda j: (j[3], j[0].trial))
+        pick = min(feasible, key=lambda c: (-c.metrics["accuracy"], _p99_key(c), c.confirmation is None, c.trial))
+        return judged(pick, constraints)
+    closest, why = min(judgements, key=lambda cj: (cj[1].distance, cj[0].trial))
     raise NoFeasibleConfiguration(
         f"No stored configuration of study {study!r} meets {constraints.describe()}; the closest is "
-        f"trial {closest.trial} ({closest.description}): {'; '.join(violations)}."
+        f"trial {closest.trial} ({closest.description}): {'; '.join(why.violations)}."
     )
 
 
 def _p99_key(c: Candidate) -> float:
-    value = objective_value(c.metrics, "latency_p99_upper_ms")
+    value = objective_value(c.metrics, P99_BOUND_METRIC)
     return value if value is not None else math.inf
 
 
@@ -223,6 +285,10 @@ def memory_bytes(metrics: dict[str, Any]) -> int:
     """Total inference memory; trials stored before the activation/KV terms existed count parameters only."""
     total = metrics.get("memory_bytes")
     return int(total) if total is not None else int(metrics["params_bytes"])
+
+
+def _scale(limit: float) -> float:
+    return max(abs(limit), 1e-12)
 
 
 def _finite(value: Any) -> bool:

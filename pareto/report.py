@@ -12,11 +12,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 from rich.text import Text
 
+from pareto.metrics import METHOD_SEPARATOR
+from pareto.naming import describe_config
 from pareto.units import format_bytes, format_ms
 
 if TYPE_CHECKING:
+    from pareto._search import TrialOutcome
+    from pareto.confirmation import ConfirmResult
     from pareto.frontier import Candidate
-    from pareto.search import TrialOutcome
 
 def _ratio(value: float | None) -> str:
     return "—" if value is None else f"{value:.2f}×"
@@ -49,6 +52,8 @@ def frontier_table(
         mark, style = {True: ("meets", "green"), False: ("misses", "red"), None: ("—", "dim")}[feasible]
         if feasible is False and slo.get("undecided_only"):
             mark, style = "uncertain", "yellow"  # too few samples to say; not a miss
+        if r.get("confirmation"):
+            mark += " ✓"  # confirmed in interleaved rounds with the baseline
         cells = {
             "trial": str(r["trial"]),
             "configuration": _describe(r, with_batch=max_priority < 3),
@@ -68,8 +73,8 @@ def frontier_table(
     if rows:
         m = rows[0]["metrics"]
         table.caption = (
-            f"p99 ≤: upper end of a distribution-free {m['confidence']:.0%} interval from {m['samples']} timed calls; "
-            "the SLO verdict uses it. Speedup: over the uncompressed model at the same batch size."
+            f"p99 ≤: {_bound_words(m)}; the SLO verdict uses it. ✓: confirmed in interleaved rounds with the "
+            "baseline. Speedup: over the uncompressed model timed in the same run, at the same batch size."
         )
     return table
 
@@ -87,11 +92,7 @@ def best_card(pick: dict[str, Any]) -> Panel:
     if slo.get("min_accuracy") is None and delta is not None and delta < -0.01:
         grid.add_row("", Text(f"warning: {-delta:.4f} below the baseline and no accuracy floor was set; "
                               "pass --min-accuracy to bound the loss", style="yellow"))
-    grid.add_row(
-        "latency p99",
-        f"{format_ms(m['latency_p99_ms'])}  ({m['confidence']:.0%} CI {format_ms(m.get('latency_p99_lower_ms'))}"
-        f" – {format_ms(m.get('latency_p99_upper_ms'))})",
-    )
+    grid.add_row("latency p99", _p99_text(m))
     grid.add_row("latency p50 / p90", f"{format_ms(m['latency_p50_ms'])} / {format_ms(m['latency_p90_ms'])}")
     grid.add_row("p99 / p50", f"{m['p99_p50_ratio']:.2f}")
     grid.add_row("throughput", f"{m['throughput_per_s']:,.0f} samples/s at batch {m['batch_size']}")
@@ -103,22 +104,51 @@ def best_card(pick: dict[str, Any]) -> Panel:
         f"{_ratio(m.get('speedup_p99'))} p99",
     )
     grid.add_row("SLO", _slo_text(slo))
+    grid.add_row("confirmed", _confirmation_text(pick.get("confirmation")))
     grid.add_row("method", _latency_method(m))
     grid.add_row("environment", _environment(env))
     return Panel(grid, title="Best configuration", title_align="left", border_style="green", expand=False)
 
 
+def _p99_text(m: dict[str, Any]) -> str:
+    return (
+        f"{format_ms(m['latency_p99_ms'])}  (bounds {format_ms(m.get('latency_p99_lower_ms'))} – "
+        f"{format_ms(m.get('latency_p99_upper_ms'))}, each {m['confidence']:.3g} one-sided, "
+        f"{m.get('rounds') or 1} rounds{_discarded(m)})"
+    )
+
+
+def _discarded(m: dict[str, Any]) -> str:
+    n = m.get("discarded_rounds")
+    return f", {n} discarded for contention" if n else ""
+
+
+def _bound_words(m: dict[str, Any]) -> str:
+    rounds = m.get("rounds") or 1
+    return (
+        f"{m['confidence']:.3g} one-sided upper bound from {m['samples']} calls in {rounds} rounds, covering the "
+        "spread between rounds"
+    )
+
+
+def _confirmation_text(confirmation: dict[str, Any] | None) -> Text:
+    if not confirmation:
+        return Text("no: measured once, during the search; run 'pareto confirm' to re-measure it with the baseline",
+                    style="yellow")
+    when = str(confirmation.get("confirmed_at", ""))[:16].replace("T", " ")
+    discarded = confirmation.get("discarded_rounds") or 0
+    return Text(
+        f"yes: {confirmation.get('rounds')} rounds interleaved with the baseline at {when} UTC, "
+        f"{discarded} discarded for contention",
+        style="green",
+    )
+
+
 def _describe(r: dict[str, Any], *, with_batch: bool = True) -> str:
     config = r.get("config") or {}
-    techniques = config.get("techniques")
-    if techniques is None:
-        return r.get("description", "")
-    parts = []
-    for t in techniques:
-        params = ",".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in t["params"].items())
-        parts.append(f"{t['name']}({params})" if params else t["name"])
-    body = " + ".join(parts) or "baseline"
-    return f"{body} @ batch {config['batch_size']}" if with_batch else body
+    if config.get("techniques") is None:
+        return str(r.get("description", ""))
+    return describe_config(config, with_batch=with_batch)
 
 
 def _accuracy(m: dict[str, Any]) -> str:
@@ -185,16 +215,7 @@ class ProgressReporter:
     def trial_done(self, outcome: TrialOutcome, best: Candidate | None) -> None:
         self.done += 1
         m = outcome.metrics
-        if outcome.state == "FAILED":
-            line = f"trial {outcome.number:>3}  [red]failed[/]  {escape(outcome.description)}: {escape(outcome.error or '')}"
-        else:
-            line = (
-                f"trial {outcome.number:>3}  {outcome.description:<58}  acc {m['accuracy']:.4f}  "
-                f"p50 {format_ms(m['latency_p50_ms'])}  p99 {format_ms(m['latency_p99_ms'])} "
-                f"(≤ {format_ms(m.get('latency_p99_upper_ms'))})"
-                + ("  [dim](duplicate, not re-measured)[/]" if outcome.state == "DUPLICATE" else "")
-            )
-        self._print(line)
+        self._print(_trial_line(outcome))
         if best is not None:
             bm = best.metrics
             self.best_line.plain = (
@@ -209,9 +230,86 @@ class ProgressReporter:
         if self.task_id is not None:
             self.progress.update(self.task_id, advance=1, left=f"~{_clock(left)} left")
 
+    def confirmed(self, result: ConfirmResult) -> None:
+        kept = [i for i in result.items if i.after is not None]
+        self._print(f"Confirmed {len(kept)} of {len(result.items)} configurations (the baseline included) in "
+                    f"interleaved rounds; {escape(result.guard)}." if result.items else
+                    f"[yellow]Confirmation: {escape(result.note or 'nothing to confirm')}.[/]")
+
     def _print(self, message: str) -> None:
         if self.enabled:
             self.console.print(message)
+
+
+def _trial_line(outcome: TrialOutcome) -> str:
+    """One line per finished trial; the contention guard's discarded rounds are said, a busy trial too."""
+    head = f"trial {outcome.number:>3}  "
+    if outcome.state == "FAILED":
+        return head + f"[red]failed[/]  {escape(outcome.description)}: {escape(outcome.error or '')}"
+    if outcome.state == "BUSY":
+        return head + f"[yellow]machine busy[/]  {escape(outcome.description)}: {escape(outcome.error or '')}; no verdict"
+    m = outcome.metrics
+    line = (
+        f"{head}{escape(outcome.description):<58}  acc {m['accuracy']:.4f}  "
+        f"p50 {format_ms(m['latency_p50_ms'])}  p99 {format_ms(m['latency_p99_ms'])} "
+        f"(≤ {format_ms(m.get('latency_p99_upper_ms'))})"
+    )
+    if outcome.state == "DUPLICATE":
+        return line + "  [dim](duplicate, not re-measured)[/]"
+    if m.get("discarded_rounds"):
+        line += f"  [yellow]({m['discarded_rounds']} rounds discarded for contention)[/]"
+    return line
+
+
+def confirmation_table(result: dict[str, Any]) -> Table | Text:
+    """Each confirmed configuration's P99 before and after, with the verdicts."""
+    if not result["items"]:
+        return Text(f"Confirmation: {result.get('note') or 'nothing to confirm'}.", style="yellow")
+    table = Table(title=f"Confirmation of study {result['study']!r}: interleaved rounds with the baseline, "
+                        "random order each round", title_justify="left")
+    for name, justify in (("trial", "right"), ("configuration", "left"), ("p99 before", "right"),
+                          ("p99 ≤ before", "right"), ("p99 now", "right"), ("p99 ≤ now", "right"),
+                          ("verdict before → now", "left")):
+        table.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    for item in result["items"]:
+        before, after = item["before"], item["after"] or {}
+        verdict = f"{item['verdict_before'] or '—'} → {item['verdict_after'] or '—'}"
+        if item.get("busy_reason"):
+            verdict = f"not confirmed: {item['busy_reason']}"
+        table.add_row(str(item["trial"]), escape(item["description"]), format_ms(before.get("latency_p99_ms")),
+                      format_ms(before.get("latency_p99_upper_ms")), format_ms(after.get("latency_p99_ms")),
+                      format_ms(after.get("latency_p99_upper_ms")),
+                      Text(verdict, style=_verdict_style(item.get("verdict_after"))))
+    table.caption = f"{result['guard']}. Environment {result['environment']['key']}."
+    return table
+
+
+def _verdict_style(verdict: str | None) -> str:
+    return {"met": "green", "missed": "red"}.get(verdict or "", "yellow")
+
+
+def remeasure_card(card: dict[str, Any]) -> Panel:
+    """`pareto measure --trial N`: the stored figures beside the new ones, and whether the verdict holds."""
+    m, stored = card["metrics"], card["stored"]
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    grid.add_row("study / trial", f"{card['study']} / {card['trial']}")
+    grid.add_row("configuration", _describe({"config": card["config"]}))
+    grid.add_row("p99 stored", _p99_text(stored))
+    grid.add_row("p99 now", _p99_text(m))
+    grid.add_row("p50 stored / now", f"{format_ms(stored['latency_p50_ms'])} / {format_ms(m['latency_p50_ms'])}")
+    grid.add_row("speedup now", f"{_ratio(m.get('speedup_p50'))} p50, {_ratio(m.get('speedup_p99'))} p99 over the "
+                                "baseline timed in the same rounds")
+    verdict = card["verdict"]
+    if m.get("slo_p99_ms") is not None:
+        holds = card["verdict_holds"]
+        text = f"P99 ≤ {format_ms(m['slo_p99_ms'])}: stored {verdict['stored']}, now {verdict['now']} — "
+        text += "the stored verdict holds" if holds else "the stored verdict does NOT hold"
+        grid.add_row("SLO", Text(text, style="green" if holds else "red"))
+    grid.add_row("method", _latency_method(m))
+    grid.add_row("environment", _environment(card["environment"]))
+    return Panel(grid, title="Measured again", title_align="left", expand=False)
 
 
 def _clock(seconds: float) -> str:
@@ -244,7 +342,12 @@ def axes_rows(grid: Table, m: dict[str, Any]) -> None:
             f"{_flops(m['flops'])}FLOP per batch, {format_bytes(m.get('bytes_moved'))} moved, "
             f"intensity {'—' if intensity is None else f'{intensity:.1f}'} FLOP/byte",
         )
-    if m.get("roofline_bound_ms") is not None:
+    if m.get("roofline_bound_ms") is not None and m.get("roofline_suspect"):
+        grid.add_row("roofline", Text(
+            f"not shown: the measured p50 ({format_ms(m['latency_p50_ms'])}) beat the bound of profile "
+            f"{m['hardware_profile']} ({format_ms(m['roofline_bound_ms'])}), so its ceilings are wrong; "
+            "run 'pareto calibrate' again (or name a datasheet profile with --hardware)", style="yellow"))
+    elif m.get("roofline_bound_ms") is not None:
         fraction = m["achieved_fraction"]
         gap = f", the measured p50 is {1 / fraction:,.3g}× that bound" if fraction else ""
         grid.add_row(
@@ -267,8 +370,7 @@ def measure_card(card: dict[str, Any]) -> Panel:
     grid.add_row("accuracy", _accuracy(m))
     grid.add_row(
         "latency",
-        f"p50 {format_ms(m['latency_p50_ms'])}  p90 {format_ms(m['latency_p90_ms'])}  p99 {format_ms(m['latency_p99_ms'])} "
-        f"({m['confidence']:.0%} CI {format_ms(m.get('latency_p99_lower_ms'))} – {format_ms(m.get('latency_p99_upper_ms'))})"
+        f"p50 {format_ms(m['latency_p50_ms'])}  p90 {format_ms(m['latency_p90_ms'])}  p99 {_p99_text(m)}"
         f"  p99.9 {format_ms(m['latency_p999_ms'])}  p99/p50 {m['p99_p50_ratio']:.2f}",
     )
     if m.get("p99_verdict"):
@@ -280,7 +382,7 @@ def measure_card(card: dict[str, Any]) -> Panel:
     grid.add_row(
         "ratio vs speedup",
         f"{_ratio(m.get('compression_ratio'))} smaller in theory;  {_ratio(m.get('speedup_p50'))} p50, "
-        f"{_ratio(m.get('speedup_p99'))} p99 faster than the baseline measured in this run "
+        f"{_ratio(m.get('speedup_p99'))} p99 faster than the baseline timed in the same rounds "
         f"({format_ms(m['baseline_latency_p50_ms'])} / {format_ms(m['baseline_latency_p99_ms'])})",
     )
     if m.get("compile_s") is not None:
@@ -328,7 +430,7 @@ def roofline_table(result: dict[str, Any]) -> Table:
 def _latency_method(m: dict[str, Any]) -> str:
     """The timing method in one line; every term's method is in the JSON output."""
     method = m.get("method") or "—"
-    first, sep, _ = method.partition(" | ")  # assess.METHOD_SEPARATOR; not imported: no torch here
+    first, sep, _ = method.partition(METHOD_SEPARATOR)
     return first + ("  (each term's method: --json)" if sep else "")
 
 

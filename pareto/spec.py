@@ -11,6 +11,8 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pareto.errors import UsageError
+from pareto.frontier import DEFAULT_OBJECTIVE_NAMES
+from pareto.slo import DEFAULT_CONFIDENCE, DEFAULT_CONTENTION_LIMIT, DEFAULT_ROUNDS, MIN_CONFIDENCE, MIN_SAMPLES_P99
 from pareto.units import parse_duration_ms, parse_rate_per_s, parse_size_bytes
 
 DurationMs = Annotated[float, BeforeValidator(parse_duration_ms)]
@@ -115,14 +117,25 @@ class Search(_Strict):
     timeout: DurationMs | None = None
     seed: int | None = 0
     sampler: Literal["tpe", "nsga2", "random"] = "tpe"
+    #: after the trials, re-measure this many of the best feasible and near-feasible frontier
+    #: configurations in interleaved rounds with the baseline (0: no confirmation)
+    confirm_top: int = Field(default=3, ge=0)
+    #: "near-feasible": a P99 upper bound within this multiple of the SLO
+    confirm_margin: float = Field(default=1.5, ge=1.0)
 
 
 class Measure(_Strict):
     device: str = "auto"
     threads: int | None = Field(default=None, ge=1)
-    samples: int = Field(default=662, ge=1)
+    #: the fewest timed calls; a "met" P99 needs MIN_SAMPLES_P99 (MLPerf LoadGen's rule)
+    samples: int = Field(default=MIN_SAMPLES_P99, ge=1)
+    #: the calls are split into this many rounds, with the contention probe between them
+    rounds: int = Field(default=DEFAULT_ROUNDS, ge=1)
     warmup: int = Field(default=50, ge=0)
-    confidence: float = Field(default=0.95, gt=0, lt=1)
+    #: one-sided confidence of every latency bound ("met" holds with at least this probability)
+    confidence: float = Field(default=DEFAULT_CONFIDENCE, ge=MIN_CONFIDENCE, lt=1)
+    #: a round whose probe is slower than this multiple of the quiet time is discarded; None: no guard
+    contention_limit: float | None = Field(default=DEFAULT_CONTENTION_LIMIT, gt=1)
     #: keep timing past ``samples`` until the P99 verdict is decided or this budget per trial ends
     adaptive_budget: DurationMs | None = Field(default=None, description="e.g. '20s'; None: fixed samples.")
     #: roofline: a profile name from configs/hardware, "host" (the latest `pareto calibrate`), or None
@@ -135,6 +148,12 @@ class Measure(_Strict):
     def _no_hardware(cls, value: str | None) -> str | None:
         return None if value is not None and value.lower() in {"none", "off"} else value
 
+    @model_validator(mode="after")
+    def _rounds_fit(self) -> Measure:
+        if self.rounds > self.samples:
+            raise ValueError(f"rounds ({self.rounds}) cannot exceed samples ({self.samples})")
+        return self
+
 
 #: Deployment scenarios: the objectives and measurement that each one's users care about.
 SCENARIOS: dict[str, dict[str, Any]] = {
@@ -145,11 +164,11 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "objectives": ["accuracy", "throughput", "memory"],
         "space": {"batch_size": [1, 8, 32, 128, 256]},
     },
-    # P99 alone, strictly: batch 1, a 99 % interval, sampling until the verdict is decided
+    # P99 alone, strictly: batch 1, bounds at 99.5 %, sampling until the verdict is decided
     "realtime": {
         "objectives": ["accuracy", "p99"],
         "space": {"batch_size": [1]},
-        "measure": {"confidence": 0.99, "adaptive_budget": "20s"},
+        "measure": {"confidence": 0.995, "adaptive_budget": "20s"},
     },
     # bytes moved per inference as the energy proxy, and memory
     "edge": {"objectives": ["accuracy", "bytes_moved", "memory"], "space": {"batch_size": [1]}},
@@ -162,7 +181,7 @@ class SearchSpec(_Strict):
     task: str = "demo"
     study: str | None = None
     scenario: Scenario | None = None
-    objectives: list[ObjectiveName] = Field(default_factory=lambda: ["accuracy", "p99"])
+    objectives: list[ObjectiveName] = Field(default_factory=lambda: list(DEFAULT_OBJECTIVE_NAMES))
     slo: SLO = SLO()
     budget: Budget = Budget()
     search: Search = Search()

@@ -45,8 +45,24 @@ def test_best_json_shape(searched: Path) -> None:
     proc = pareto("best", "--slo-p99", "1s", "--json", cwd=searched)
     assert proc.returncode == 0, proc.stderr
     pick = json.loads(proc.stdout)
-    assert set(pick) == {"study", "trial", "config", "metrics", "slo", "environment"}
+    assert set(pick) == {"study", "trial", "config", "metrics", "slo", "confirmation", "environment"}
     assert pick["metrics"]["latency_p99_upper_ms"] <= 1000
+    assert set(pick["confirmation"]) == {"rounds", "discarded_rounds", "confirmed_at", "run"}
+    assert {"rounds", "discarded_rounds"} <= set(pick["metrics"]) and pick["environment"]["key"]
+
+
+def test_measure_a_stored_trial_again_and_confirm(searched: Path) -> None:
+    proc = pareto("measure", "--study", "tiny", "--trial", "1", "--json", cwd=searched)
+    assert proc.returncode == 0, proc.stderr
+    card = json.loads(proc.stdout)
+    assert {"config", "metrics", "environment", "stored", "verdict_holds"} <= set(card)
+    assert isinstance(card["verdict_holds"], bool)
+    proc = pareto("measure", "--trial", "1", cwd=searched)  # the only study; the card
+    assert proc.returncode == 0, proc.stderr
+    assert "Measured again" in proc.stdout and "p99 stored" in proc.stdout
+    proc = pareto("confirm", "--top", "1", "--json", cwd=searched)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["items"]
 
 
 def test_frontier_and_studies_json(searched: Path) -> None:
@@ -83,6 +99,13 @@ def test_no_feasible_exits_1_with_the_closest(searched: Path) -> None:
         (["best", "--slo-p99", "-3ms"], 2, "must be positive"),
         (["best", "--slo-p99", "7"], 2, "has no unit"),
         (["frontier", "--db", "sqlite:///nowhere/x.db"], 2, "No database"),
+        (["best", "--environment", "nosuch"], 2, "matches none of study 'tiny'"),
+        (["best", "--environment", "all"], 2, "within one environment"),
+        (["best", "--max-memory", "0MiB"], 2, "must be positive"),
+        (["measure", "--trial", "99"], 2, "has no trial 99"),
+        (["measure", "--study", "tiny"], 2, "--study needs --trial"),
+        (["confirm", "--top", "0"], 2, "--top"),
+        (["search", "--confidence", "0.5"], 2, "--confidence"),
     ],
 )
 def test_bad_query_input(searched: Path, args: list[str], code: int, phrase: str) -> None:
@@ -119,7 +142,7 @@ def test_bad_search_input_keeps_what_was_stored(
 def test_db_upgrade(tmp_path: Path) -> None:
     proc = pareto("db", "upgrade", "--db", f"sqlite:///{tmp_path}/u.db", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert "is at revision 0002" in proc.stdout
+    assert "is at revision 0003" in proc.stdout
 
 
 def test_ctrl_c_stops_cleanly_and_keeps_what_was_measured(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import cli
-from pareto.search import run_search
+from pareto._search import run_search
 from pareto.spec import SearchSpec
 
 TINY = "tests.tiny_task:make_task"

@@ -3,7 +3,20 @@ from __future__ import annotations
 import pytest
 
 from pareto.errors import NoFeasibleConfiguration
-from pareto.frontier import Candidate, Constraints, evaluate, frontier, non_dominated, p99_verdict, select_best
+import math
+
+from pareto.frontier import (
+    Candidate,
+    Constraints,
+    constraint_gaps,
+    evaluate,
+    frontier,
+    judged,
+    non_dominated,
+    objective_value,
+    p99_verdict,
+    select_best,
+)
 
 
 def cand(trial: int, acc: float, upper: float, *, lower: float | None = None, samples: int = 1000,
@@ -92,6 +105,39 @@ def test_too_few_samples_for_a_bound_still_places_on_the_frontier_as_uncertain()
     few = Candidate("s", 1, {}, "config 1", {"accuracy": 0.9, "latency_p99_ms": 3.0, "latency_p99_lower_ms": 2.0,
                                               "latency_p99_upper_ms": None, "samples": 200, "params_bytes": 1}, {})
     assert [c.trial for c in frontier([few])] == [1]
-    feasible, violations, _ = evaluate(few, Constraints(p99_ms=7))
-    assert not feasible and "undecided after 200 samples" in violations[0]
-    assert few.slo["undecided_only"] and few.slo["p99_verdict"] == "uncertain"
+    judgement = evaluate(few.metrics, Constraints(p99_ms=7))
+    assert judgement.feasible is False and "undecided after 200 samples" in judgement.violations[0]
+    assert judgement.undecided_only and judgement.p99_verdict == "uncertain"
+    assert few.slo == {}  # judging has no side effect: the caller attaches the verdict
+    assert judged(few, Constraints(p99_ms=7)).slo["undecided_only"]
+
+
+def test_an_unbounded_p99_counts_as_infinite_and_cannot_push_a_met_one_off_the_frontier() -> None:
+    met = cand(1, 0.90, 6.0)
+    unbounded = Candidate("s", 2, {}, "config 2", {"accuracy": 0.90, "latency_p99_ms": 1.0,
+                                                   "latency_p99_upper_ms": None, "samples": 300, "params_bytes": 1}, {})
+    assert objective_value(unbounded.metrics, "latency_p99_upper_ms") == math.inf
+    assert [c.trial for c in frontier([met, unbounded])] == [1]
+    assert constraint_gaps(unbounded.metrics, Constraints(p99_ms=7))["p99_ms"] == math.inf
+    assert select_best([met, unbounded], Constraints(p99_ms=7), study="s").trial == 1
+
+
+def test_constraint_gaps_are_relative_so_units_weigh_alike() -> None:
+    metrics = {"accuracy": 0.9, "latency_p99_upper_ms": 14.0, "samples": 1000, "memory_bytes": 3 * 2**30,
+               "params_bytes": 1, "throughput_per_s": 250.0}
+    gaps = constraint_gaps(metrics, Constraints(p99_ms=7.0, min_accuracy=0.95, max_memory_bytes=2 * 2**30,
+                                                min_throughput_per_s=500.0))
+    assert gaps["p99_ms"] == pytest.approx(1.0)  # twice the SLO
+    assert gaps["max_memory_bytes"] == pytest.approx(0.5)  # bytes, yet the same scale as milliseconds
+    assert gaps["min_throughput_per_s"] == pytest.approx(0.5)
+    assert gaps["min_accuracy"] == pytest.approx(0.05 / 0.95)
+    ok = constraint_gaps({**metrics, "latency_p99_upper_ms": 3.5}, Constraints(p99_ms=7.0))
+    assert ok["p99_ms"] == pytest.approx(-0.5)
+    few = constraint_gaps({**metrics, "latency_p99_upper_ms": 3.5, "samples": 100}, Constraints(p99_ms=7.0))
+    assert few["p99_ms"] > 0  # within the SLO from too few samples: never counts as met
+
+
+def test_a_confirmed_candidate_wins_a_tie() -> None:
+    plain, confirmed = cand(1, 0.9, 5.0), cand(2, 0.9, 5.0)
+    confirmed.confirmation = {"rounds": 20, "discarded_rounds": 0, "confirmed_at": "2026-12-02T00:00:00"}
+    assert select_best([plain, confirmed], Constraints(p99_ms=7), study="s").trial == 2

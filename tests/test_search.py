@@ -8,7 +8,7 @@ from sqlalchemy import select
 
 import pareto
 from pareto.errors import NoFeasibleConfiguration, UsageError
-from pareto.search import run_search
+from pareto._search import run_search
 from pareto.spec import SearchSpec
 from pareto.store.engine import open_engine, session_scope
 from pareto.store.models import Measurement, Trial
@@ -44,10 +44,16 @@ def test_search_stores_trials_and_best_answers(db_url: str) -> None:
         assert len(trials) == 5
         assert trials[0].is_baseline and trials[0].state == "COMPLETE"  # the baseline is always first
         measurements = session.scalars(select(Measurement)).all()
-        assert all(m.samples == 662 and m.latency_p99_upper_ms is not None for m in measurements)
+        # 662 calls in 20 rounds of 34, the contention probe between them
+        assert all(m.samples == 680 and m.rounds == 20 and m.latency_p99_upper_ms is not None for m in measurements)
+        assert all(m.confidence == 0.99 and "contention probe" in m.method for m in measurements)
+        assert {m.kind for m in measurements} == {"search", "confirm"}  # the end of a search confirms
         assert all(t.compress_s is not None for t in trials if t.state == "COMPLETE")
     pick = pareto.best(study="tiny", db=db_url)
-    assert set(pick) == {"study", "trial", "config", "metrics", "slo", "environment"}
+    assert set(pick) == {"study", "trial", "config", "metrics", "slo", "confirmation", "environment"}
+    assert pick["confirmation"] is not None and pick["confirmation"]["rounds"] == 20
+    assert pick["metrics"]["speedup_basis"] == "same run"
+    assert len(pick["environment"]["key"]) == 16
     for key in ("accuracy", "latency_p50_ms", "latency_p99_ms", "latency_p99_upper_ms", "samples",
                 "params_bytes", "compression_ratio", "speedup_p99"):
         assert key in pick["metrics"]
@@ -69,8 +75,10 @@ def test_second_run_continues_the_study(db_url: str) -> None:
     with session_scope(engine) as session:
         numbers = session.scalars(select(Trial.optuna_number).order_by(Trial.optuna_number)).all()
         baselines = session.scalars(select(Trial).where(Trial.is_baseline, Trial.state == "COMPLETE")).all()
+        kinds = session.scalars(select(Measurement.kind).join(Trial).where(Trial.is_baseline)).all()
     assert numbers == [0, 1, 2, 3, 4]
-    assert len(baselines) == 1  # not measured again in the same environment
+    assert len(baselines) == 1  # one baseline trial per environment...
+    assert kinds.count("baseline") == 1  # ...timed again at the start of the second run
 
 
 def test_failing_technique_fails_the_trial_and_the_search_goes_on(db_url: str) -> None:
@@ -97,6 +105,7 @@ def test_unavailable_technique_is_skipped_once_with_the_reason(db_url: str) -> N
         def start(self, **_: object) -> None: ...
         def notice(self, message: str) -> None: notices.append(message)
         def trial_done(self, *_: object) -> None: ...
+        def confirmed(self, *_: object) -> None: ...
 
     s = spec(task="tests.tiny_task:make_single_layer_task", study="single", search={"n_trials": 2},
              space={"techniques": {"prune_structured": {"ratio": [0.5]}, "int8_dynamic": {}}})
@@ -135,3 +144,108 @@ def test_task_errors_are_one_sentence(tmp_path, task: str, phrase: str) -> None:
     with pytest.raises(UsageError, match=phrase) as info:
         run_search(spec(task=task), db_url=f"sqlite:///{tmp_path}/p.db")
     assert "\n" not in str(info.value)
+
+
+def test_speedups_divide_by_the_baseline_timed_in_the_same_run(db_url: str) -> None:
+    run_search(spec(search={"n_trials": 3, "seed": 1, "confirm_top": 0}), db_url=db_url)
+    run_search(spec(search={"n_trials": 2, "seed": 2, "confirm_top": 0}), db_url=db_url)
+    with session_scope(open_engine(db_url)) as session:
+        runs = {m.run_id for m in session.scalars(select(Measurement)).all()}
+        by_trial = {m.trial.optuna_number: m for m in session.scalars(select(Measurement).where(Measurement.kind == "search"))}
+        base_by_run = {
+            m.run_id: m for m in session.scalars(select(Measurement).join(Trial).where(Trial.is_baseline)).all()
+        }
+    assert len(runs) == 2
+    for row in pareto.frontier(study="tiny", db=db_url):
+        m = by_trial[row["trial"]]
+        assert row["metrics"]["speedup_basis"] == "same run"
+        assert row["metrics"]["speedup_p50"] == base_by_run[m.run_id].latency_p50_ms / m.latency_p50_ms
+
+
+def test_a_busy_machine_stores_no_verdict_and_hides_the_trial_from_the_sampler(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pareto.measure import probe as probe_module
+
+    real_read = probe_module.ContentionProbe.read
+    state = {"busy": False}
+
+    def read(self: probe_module.ContentionProbe) -> probe_module.ProbeReading:
+        reading = real_read(self)
+        return probe_module.ProbeReading(reading.ms * 10, 10.0) if state["busy"] else reading
+
+    monkeypatch.setattr(probe_module.ContentionProbe, "read", read)
+    run_search(spec(search={"n_trials": 2, "seed": 1, "confirm_top": 0}), db_url=db_url)
+    state["busy"] = True
+    result = run_search(spec(search={"n_trials": 2, "seed": 3, "confirm_top": 0}), db_url=db_url)
+    assert result.busy == 2
+    with session_scope(open_engine(db_url)) as session:
+        busy = session.scalars(select(Trial).where(Trial.state == "BUSY")).all()
+        assert len(busy) == 2 and all(t.error.startswith("machine busy") for t in busy)
+        assert all(not t.measurements for t in busy)  # no verdict, met or missed, was stored
+    study = optuna.load_study(study_name="tiny", storage=db_url)
+    assert [t.state.name for t in study.trials[-2:]] == ["FAIL", "FAIL"]  # the sampler learns nothing from them
+    assert {c["trial"] for c in pareto.frontier(study="tiny", db=db_url)} <= {0, 1}
+
+
+def test_best_compares_within_one_environment(db_url: str) -> None:
+    from pareto.store.models import Environment
+
+    run_search(spec(search={"n_trials": 2, "seed": 1, "confirm_top": 0}), db_url=db_url)
+    engine = open_engine(db_url)
+    with session_scope(engine) as session:
+        here = session.scalars(select(Environment)).one()
+        other = Environment(key="0" * 16, device="cuda:0", device_name="Elsewhere GPU", torch_version="2.9",
+                            cpu_model="x", threads=8, hostname="far", details={})
+        session.add(other)
+        session.flush()
+        for m in session.scalars(select(Measurement).where(Measurement.kind == "search")).all():
+            clone = {c.name: getattr(m, c.name) for c in Measurement.__table__.columns if c.name != "id"}
+            clone.update(environment_id=other.id, run_id=None, latency_p99_upper_ms=0.001, latency_p50_ms=0.0005)
+            session.add(Measurement(**clone))
+        here_key = here.key
+    pick = pareto.best(study="tiny", db=db_url)  # latest: the faster copies from elsewhere
+    assert pick["environment"]["key"] == "0" * 16 and pick["environment"]["study_environments"] == 2
+    assert "--environment" in pick["environment"]["note"]
+    mine = pareto.best(study="tiny", environment=here_key[:6], db=db_url)
+    assert mine["environment"]["key"] == here_key
+    both = pareto.frontier(study="tiny", environment="all", db=db_url)
+    assert {row["environment"]["key"] for row in both} == {here_key, "0" * 16}
+    with pytest.raises(UsageError, match="matches none of study 'tiny'"):
+        pareto.best(study="tiny", environment="nosuch", db=db_url)
+    with pytest.raises(UsageError, match="within one environment"):
+        pareto.best(study="tiny", environment="all", db=db_url)
+
+
+def test_pareto_search_can_be_called_twice_and_bad_budgets_are_one_sentence(db_url: str) -> None:
+    pareto.search(spec(search={"n_trials": 1, "confirm_top": 0}), db=db_url)
+    pareto.search(spec(search={"n_trials": 1, "confirm_top": 0}), db=db_url)  # was: module object is not callable
+    assert callable(pareto.search)
+    with pytest.raises(UsageError, match="memory budget must be positive"):
+        pareto.best(study="tiny", max_memory=0, db=db_url)  # was: ZeroDivisionError
+
+
+def test_remeasure_a_stored_trial_says_whether_its_verdict_holds(db_url: str) -> None:
+    run_search(spec(search={"n_trials": 2, "seed": 1, "confirm_top": 0}), db_url=db_url)
+    card = pareto.remeasure(study="tiny", trial=1, db=db_url)
+    assert {"config", "metrics", "environment", "stored", "verdict_holds"} <= set(card)
+    assert card["verdict"]["stored"] == "met" and card["verdict_holds"] is (card["verdict"]["now"] == "met")
+    assert card["metrics"]["samples"] == card["stored"]["samples"] == 680
+    assert card["metrics"]["speedup_p50"] > 0
+    with session_scope(open_engine(db_url)) as session:
+        kinds = sorted(session.scalars(select(Measurement.kind)).all())
+    assert kinds.count("remeasure") == 1 and kinds.count("baseline") == 1
+    with pytest.raises(UsageError, match="has no trial 99; its trials are 0 to 1"):
+        pareto.remeasure(study="tiny", trial=99, db=db_url)
+
+
+def test_confirm_re_measures_the_best_with_the_baseline(db_url: str) -> None:
+    run_search(spec(search={"n_trials": 3, "seed": 1, "confirm_top": 0}), db_url=db_url)
+    assert pareto.best(study="tiny", db=db_url)["confirmation"] is None
+    unconfirmed = pareto.best(study="tiny", db=db_url)["trial"]
+    result = pareto.confirm(study="tiny", top=1, db=db_url)
+    assert [item["trial"] for item in result["items"]][0] == unconfirmed
+    assert all(item["after"]["rounds"] == 20 for item in result["items"])
+    assert any(item["is_baseline"] for item in result["items"])  # the baseline, in the same rounds
+    pick = pareto.best(study="tiny", db=db_url)
+    assert pick["trial"] == unconfirmed and pick["confirmation"]["run"] == result["run"]

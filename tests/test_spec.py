@@ -77,10 +77,23 @@ def test_scenarios_fill_in_what_is_unsaid() -> None:
     mobile = SearchSpec(scenario="mobile", objectives=["accuracy", "p99"])
     assert mobile.objectives == ["accuracy", "p99"] and mobile.space.batch_size == [1]  # explicit wins
     realtime = SearchSpec(scenario="realtime", measure={"threads": 1})
-    assert realtime.measure.confidence == 0.99 and realtime.measure.threads == 1
+    assert realtime.measure.confidence == 0.995 and realtime.measure.threads == 1
 
 
 def test_throughput_floor_and_hardware_off() -> None:
     spec = load_spec(None, {"slo.min_throughput": "500/s", "measure.hardware": "none"})
     assert spec.slo.min_throughput == 500.0
     assert spec.measure.hardware is None
+
+
+def test_measurement_settings_are_checked() -> None:
+    from pareto.errors import UsageError
+    from pareto.spec import validate_spec
+
+    with pytest.raises(UsageError, match="confidence: Input should be greater than or equal to 0.9"):
+        validate_spec({"measure": {"confidence": 0.5}})  # below the floor: "met" would mean little
+    with pytest.raises(UsageError, match="rounds"):
+        validate_spec({"measure": {"samples": 10, "rounds": 20}})
+    with pytest.raises(UsageError, match="contention_limit"):
+        validate_spec({"measure": {"contention_limit": 1.0}})
+    assert SearchSpec().measure.confidence == 0.99 and SearchSpec().measure.rounds == 20

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict
 from pydantic.fields import FieldInfo
 
 from pareto.errors import UsageError
+from pareto.naming import describe_technique
 
 if TYPE_CHECKING:
     import torch
@@ -67,8 +68,7 @@ class Technique(BaseModel):
         return self.model_dump(exclude_none=True)
 
     def describe(self) -> str:
-        args = ",".join(f"{k}={_fmt(v)}" for k, v in self.params().items())
-        return f"{self.name}({args})" if args else self.name
+        return describe_technique(self.name, self.params())
 
 
 def canonical_key(technique: Technique | type[Technique]) -> tuple[int, int, str]:
@@ -206,7 +206,3 @@ def _bounds(field: FieldInfo) -> str:
     if high:
         return (" < " if high[-1] == ")" else " <= ") + high[:-1]
     return ""
-
-
-def _fmt(value: Any) -> str:
-    return f"{value:.3g}" if isinstance(value, float) else str(value)

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from pareto.compress.base import Technique, canonical_key, get_technique
 from pareto.errors import TechniqueError
+from pareto.naming import describe_config
 
 if TYPE_CHECKING:
     from torch import nn
@@ -56,8 +57,7 @@ class Config(BaseModel):
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def describe(self) -> str:
-        body = " + ".join(t.describe() for t in self.techniques) or "baseline"
-        return f"{body} @ batch {self.batch_size}"
+        return describe_config(self.to_dict())
 
 
 def apply(model: nn.Module, config: Config, task: Task, *, device: str | None = None) -> nn.Module:

@@ -8,12 +8,15 @@ call is the estimate; the median is recorded beside it in ``sources``.
 - Matmul: ``a @ b`` of two n×n matrices, 2·n³ FLOPs per call. After one untimed start-up call,
   n starts at 256 and doubles while the faster of two calls is under ``_TARGET_CALL_S`` or the
   last doubling raised the rate by more than ``_GROWTH_GAIN`` (fixed per-call costs such as thread
-  wake-ups still amortizing), up to a cap and while the next size fits the budget share; the
-  size with the best rate is then timed.
+  wake-ups still amortizing), up to a cap and while the next size fits the budget share. The best
+  square size and the rectangular shapes models run (a batch of activations times a weight
+  matrix, ``_MODEL_SHAPES``) are each timed; the ceiling is the best of them, since a ceiling that
+  some shape beats is no ceiling.
   Dtypes tried: fp32, bf16 and fp16 (plus tf32 on CUDA devices of compute capability 8.0 and up);
   a dtype the device cannot multiply is skipped and the reason kept in ``method``.
-- Bandwidth: ``dst.copy_(src)`` of a buffer far larger than the last-level cache (CPU 256 MiB,
-  CUDA 1 GiB or 1/8 of free memory); bytes moved = 2 × buffer (read + write).
+- Bandwidth: ``dst.copy_(src)`` of several buffer sizes, from one that a model's weights may share
+  with the last-level cache to one far larger (CPU 8, 32 and 256 MiB; CUDA 64 MiB and 1 GiB or 1/8
+  of free memory); bytes moved = 2 × buffer (read + write); the best size sets the ceiling.
 
 The budget is split evenly between the dtypes and the copy; each keeps calling until its share is
 spent (at least ``_MIN_CALLS`` timed calls after the sizing calls, which warm up the final size).
@@ -41,8 +44,10 @@ _MIN_CALLS = 3
 _MAX_CALLS = 50
 _CPU_MAX_N = 2048
 _CUDA_MAX_N = 8192
-_CPU_COPY_BYTES = 256 * 2**20
-_CUDA_COPY_BYTES = 2**30
+_CPU_COPY_BYTES = (8 * 2**20, 32 * 2**20, 256 * 2**20)
+_CUDA_COPY_BYTES = (64 * 2**20, 2**30)
+#: (rows, inner, columns) of activation × weight products typical of served models.
+_MODEL_SHAPES = ((256, 1024, 1024), (64, 4096, 4096), (2048, 512, 2048), (1, 4096, 4096))
 
 _DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -103,7 +108,8 @@ def calibrate(device: str = "cpu", *, seconds_budget: float = 5.0, threads: int 
     method = (
         f"calibrate: best of per-call timings ({timer}, {used_threads} threads, inference_mode, "
         f"{seconds_budget:g} s budget); matmul n x n at 2 n^3 FLOPs per call, n doubled from 256 while "
-        f"a call is under {_TARGET_CALL_S * 1e3:g} ms or the rate rises > {_GROWTH_GAIN:g}x, best size timed; bandwidth from dst.copy_(src) counting read + write"
+        f"a call is under {_TARGET_CALL_S * 1e3:g} ms or the rate rises > {_GROWTH_GAIN:g}x, best of that size and "
+        f"{len(_MODEL_SHAPES)} model shapes; bandwidth: best dst.copy_(src) over several sizes, read + write counted"
         + (f"; skipped {'; '.join(skipped)}" if skipped else "")
     )
     return HardwareProfile(
@@ -157,31 +163,51 @@ def _matmul_rate(device: str, name: str, share_s: float) -> tuple[float, str] | 
     times = _time_calls(lambda: a @ b, device, _MIN_CALLS, deadline)
     flops = 2 * n**3
     best_rate, median = flops / min(times), flops / statistics.median(times)
+    shape, timed = f"{n}x{n}x{n}", 0
+    for rows, inner, cols in _MODEL_SHAPES:
+        predicted_s = 2 * rows * inner * cols / best_rate * (_MIN_CALLS + 1)
+        if predicted_s > max(deadline - time.perf_counter(), share_s / 4):
+            continue  # this shape would overrun the budget share
+        x = torch.randn(rows, inner, device=device).to(dtype)
+        w = torch.randn(inner, cols, device=device).to(dtype)
+        _time_calls(lambda: x @ w, device, 1)
+        shape_times = _time_calls(lambda: x @ w, device, _MIN_CALLS)
+        timed += 1
+        rate = 2 * rows * inner * cols / min(shape_times)
+        if rate > best_rate:
+            best_rate, median = rate, 2 * rows * inner * cols / statistics.median(shape_times)
+            shape = f"{rows}x{inner}x{cols}"
     source = (
-        f"measured: {n}x{n} {name} matmul, best of {len(times)} calls {best_rate / 1e9:.3g} GFLOP/s "
-        f"(median {median / 1e9:.3g} GFLOP/s)"
+        f"measured: {name} matmul, best of the square {n}x{n} and {timed} model shapes (of {len(_MODEL_SHAPES)}): "
+        f"{shape} (m x k x n) at {best_rate / 1e9:.3g} GFLOP/s (median {median / 1e9:.3g} GFLOP/s)"
     )
     return best_rate, source
 
 
 def _copy_rate(device: str, share_s: float) -> tuple[float, str]:
-    """Best bytes/s of ``dst.copy_(src)`` counting read + write, and its source line."""
-    deadline = time.perf_counter() + share_s
-    nbytes = _CPU_COPY_BYTES
+    """Best bytes/s of ``dst.copy_(src)`` over several sizes, counting read + write, and its source line."""
+    sizes = _CPU_COPY_BYTES
     if device.startswith("cuda"):
         free, _ = torch.cuda.mem_get_info(device)
-        nbytes = min(_CUDA_COPY_BYTES, free // 8)
-    src = torch.ones(nbytes, dtype=torch.uint8, device=device)  # written: pages are really mapped
-    dst = torch.empty_like(src)
-    _time_calls(lambda: dst.copy_(src), device, 1)  # first touch of dst's pages is not bandwidth
-    times = _time_calls(lambda: dst.copy_(src), device, _MIN_CALLS, deadline)
-    moved = 2 * nbytes
-    best, median = moved / min(times), moved / statistics.median(times)
+        sizes = tuple(min(size, free // 8) for size in _CUDA_COPY_BYTES)
+    best: tuple[float, float, int, int] = (0.0, 0.0, 0, 0)  # rate, median rate, bytes, calls
+    for i, nbytes in enumerate(sizes):
+        deadline = time.perf_counter() + share_s / len(sizes)
+        src = torch.ones(nbytes, dtype=torch.uint8, device=device)  # written: pages are really mapped
+        dst = torch.empty_like(src)
+        _time_calls(lambda: dst.copy_(src), device, 1)  # first touch of dst's pages is not bandwidth
+        times = _time_calls(lambda: dst.copy_(src), device, _MIN_CALLS, deadline)
+        rate = 2 * nbytes / min(times)
+        if rate > best[0]:
+            best = (rate, 2 * nbytes / statistics.median(times), nbytes, len(times))
+        del src, dst
+    rate, median, nbytes, calls = best
+    listed = ", ".join(f"{size / 2**20:.0f}" for size in sizes)
     source = (
-        f"measured: copy of {nbytes / 2**20:.0f} MiB (read + write = {moved / 2**20:.0f} MiB moved), "
-        f"best of {len(times)} calls {best / 1e9:.3g} GB/s (median {median / 1e9:.3g} GB/s)"
+        f"measured: copies of {listed} MiB (read + write counted), best at {nbytes / 2**20:.0f} MiB: "
+        f"best of {calls} calls {rate / 1e9:.3g} GB/s (median {median / 1e9:.3g} GB/s)"
     )
-    return best, source
+    return rate, source
 
 
 def _time_calls(

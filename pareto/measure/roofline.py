@@ -45,6 +45,8 @@ class HardwareProfile:
     sources: dict[str, str] = field(default_factory=dict)
     method: str | None = None
     measured_at: str | None = None
+    #: the stored calibration this profile comes from (``pareto calibrate``); None for datasheets
+    calibration_id: int | None = None
 
     def peak(self, dtype: str) -> float:
         """Peak FLOP/s for ``dtype``.
@@ -103,6 +105,53 @@ def load_profile(name: str) -> HardwareProfile:
     return _parse(entry.read_text(encoding="utf-8"), f"{key}.yaml")
 
 
+#: GPU names (as torch reports them) to datasheet profiles, most specific first.
+_GPU_PROFILES = (
+    ("H200", "h200"),
+    ("H100", "h100-sxm"),
+    ("A100-SXM4-80GB", "a100-80gb"),
+    ("A100 80GB", "a100-80gb"),
+    ("A100", "a100-40gb"),
+    ("V100", "v100"),
+)
+
+
+def resolve_profile(
+    name: str | None, *, fingerprint: dict[str, Any], calibration: HardwareProfile | None
+) -> tuple[HardwareProfile | None, str | None]:
+    """The roofline profile a measurement uses, and a note when there is none.
+
+    ``auto``: a CUDA device's datasheet profile by its name, else this host's latest calibration.
+    ``host``: the latest calibration of this environment. Any other name: a shipped profile or a file.
+
+    Args:
+        name: The profile asked for; None means no roofline.
+        fingerprint: The environment measured in (``device``, ``device_name``).
+        calibration: This host's latest calibration as a profile, None when it has none.
+
+    Raises:
+        UsageError: an unknown profile name, or ``host`` without a calibration.
+    """
+    if name is None:
+        return None, None
+    if name == "host":
+        if calibration is None:
+            raise UsageError(
+                "No calibration of this machine is stored; run 'pareto calibrate' first, "
+                "or name a profile with --hardware (see 'pareto hardware')."
+            )
+        return calibration, None
+    if name != "auto":
+        return load_profile(name), None
+    if fingerprint["device"].startswith("cuda"):
+        for marker, profile in _GPU_PROFILES:
+            if marker.lower() in fingerprint["device_name"].lower():
+                return load_profile(profile), None
+    if calibration is not None:
+        return calibration, None
+    return None, "No roofline: run 'pareto calibrate' once to measure this machine's ceilings, or pass --hardware."
+
+
 def roofline_bound_ms(flops: float, bytes_: float, profile: HardwareProfile, dtype: str) -> float:
     """The roofline lower bound on latency: max(FLOPs / peak, bytes / bandwidth), in milliseconds."""
     compute_s = flops / profile.peak(dtype)
@@ -118,6 +167,9 @@ def regime(intensity: float, profile: HardwareProfile, dtype: str) -> Regime:
 def achieved_fraction(bound_ms: float, measured_p50_ms: float) -> float:
     """How close a measurement comes to its roofline bound: bound / measured p50 (1.0 is the roof).
 
+    Above 1 the model ran faster than the ceilings allow: the profile is wrong, not the model
+    (``ceiling_suspect``).
+
     Raises:
         ValueError: a non-positive measurement or a negative bound.
     """
@@ -126,6 +178,19 @@ def achieved_fraction(bound_ms: float, measured_p50_ms: float) -> float:
     if bound_ms < 0:
         raise ValueError(f"A roofline bound cannot be negative, got {bound_ms} ms.")
     return bound_ms / measured_p50_ms
+
+
+def ceiling_suspect(fraction: float, profile: HardwareProfile) -> str | None:
+    """Why a roofline bound cannot be right, or None: a measurement ran faster than the bound."""
+    if fraction <= 1.0:
+        return None
+    return (
+        f"a measured p50 was {fraction:.2f}x faster than the roofline bound of profile {profile.name!r}, "
+        "so its ceilings are too low; run 'pareto calibrate' again"
+        if profile.calibration_id is not None
+        else f"a measured p50 was {fraction:.2f}x faster than the roofline bound of profile {profile.name!r}: "
+        "its ceilings do not fit this device"
+    )
 
 
 def _parse(text: str, origin: str) -> HardwareProfile:

@@ -1,0 +1,197 @@
+"""Confirmation: re-measure the best configurations in interleaved rounds with the baseline.
+
+A search measures each configuration once, at one moment; on a shared machine that moment may have
+been lucky. Confirmation rebuilds the feasible and near-feasible frontier configurations and the
+uncompressed baseline, and times them together in one process, in rounds whose order is random each
+time (randomized multiple interleaved trials, Abedi & Brecht, ICPE 2017), so a slow spell of the
+machine hits them alike and the speedups compare like with like. The pick then rests on the
+confirmed measurement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pareto._runs import (
+    Bench,
+    RunHandle,
+    baseline_trial,
+    finish_run,
+    guard_summary,
+    start_run,
+    store_measurement,
+    stored_metrics,
+)
+from pareto.compress import Config
+from pareto.errors import MachineBusy
+from pareto.frontier import DEFAULT_OBJECTIVE_NAMES, Candidate, Constraints, constraint_gaps, frontier, objective_metrics, p99_verdict
+from pareto.metrics import FIELD_NAMES, Metrics
+from pareto.slo import P99_BOUND_METRIC
+from pareto.store import queries
+from pareto.store.engine import session_scope
+from pareto.store.models import Environment, Study, Trial
+
+
+@dataclass
+class ConfirmedItem:
+    """One configuration before and after confirmation (``after`` is None when the machine was busy)."""
+
+    trial: int
+    description: str
+    is_baseline: bool
+    before: dict[str, Any]
+    after: dict[str, Any] | None
+    verdict_before: str | None
+    verdict_after: str | None
+    busy_reason: str | None = None
+
+
+@dataclass
+class ConfirmResult:
+    study: str
+    run: int | None
+    environment: str
+    items: list[ConfirmedItem] = field(default_factory=list)
+    guard: str = ""
+    note: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "study": self.study,
+            "run": self.run,
+            "environment": {"key": self.environment},
+            "guard": self.guard,
+            "note": self.note,
+            "items": [item.__dict__ for item in self.items],
+        }
+
+
+def choose(
+    candidates: list[Candidate], constraints: Constraints, objectives: list[str], *, top: int, margin: float
+) -> list[Candidate]:
+    """The frontier configurations worth confirming, best first: every limit other than the P99 met,
+    and the P99 upper bound within ``margin`` times the SLO (all of the frontier without an SLO)."""
+    chosen = []
+    for c in frontier(candidates, objective_metrics(objectives)):
+        gaps = constraint_gaps(c.metrics, constraints)
+        if any(gap > 0 for name, gap in gaps.items() if name != "p99_ms"):
+            continue
+        bound = c.metrics.get(P99_BOUND_METRIC)
+        if constraints.p99_ms is not None and (bound is None or bound > margin * constraints.p99_ms):
+            continue
+        chosen.append(c)
+    chosen.sort(key=lambda c: (-c.metrics["accuracy"], c.metrics.get(P99_BOUND_METRIC) or float("inf"), c.trial))
+    return chosen[:top]
+
+
+def confirm(
+    bench: Bench, study_id: int, picks: list[Candidate], constraints: Constraints, *, seed: int | None = None
+) -> ConfirmResult:
+    """Re-measure ``picks`` and the baseline at their batch sizes in interleaved rounds; store the results.
+
+    The run is its own: confirmed speedups divide by the baseline timed in these same rounds. A
+    configuration whose rounds the contention guard gave up on is reported as busy and not stored.
+    """
+    from pareto.assess import build, round_plan
+    from pareto.measure.latency import Timed, measure_interleaved
+
+    with session_scope(bench.engine) as session:
+        study = session.get(Study, study_id)
+        env = session.get(Environment, bench.env_id)
+        assert study is not None and env is not None
+        name, env_key = study.name, env.key
+        trial_ids = {
+            t.optuna_number: t.id
+            for t in session.query(Trial).filter(Trial.study_id == study_id, Trial.optuna_number.in_([p.trial for p in picks]))
+        }
+    result = ConfirmResult(study=name, run=None, environment=env_key)
+    if not picks:
+        result.note = "nothing to confirm: no frontier configuration is feasible or near the SLO"
+        return result
+    entries = _entries(bench, study_id, picks, trial_ids)
+    run = start_run(bench, kind="confirm", study_id=study_id)
+    result.run = run.run_id
+    items = []
+    for trial_id, _, stored, config in entries:
+        model, _, _ = build(bench.task, config, bench.device)
+        items.append(Timed(model, bench.task.example_input(config.batch_size), label=str(trial_id)))
+    latencies = measure_interleaved(
+        items, device=bench.device, plan=round_plan(bench.measure, constraints.p99_ms), threads=bench.threads,
+        probe=run.probe, seed=seed,
+    )
+    for (trial_id, pick, stored, config), latency in zip(entries, latencies):
+        result.items.append(_record(bench, run, trial_id, pick, stored, config, latency, constraints))
+    result.guard = guard_summary(latencies)
+    finish_run(bench, run, confirmed=[i.trial for i in result.items if i.after is not None])
+    return result
+
+
+def _entries(
+    bench: Bench, study_id: int, picks: list[Candidate], trial_ids: dict[int, int]
+) -> list[tuple[int, Candidate | None, Metrics, Config]]:
+    """(trial id, the pick or None for a baseline, its stored metrics, its configuration) to time."""
+    entries: list[tuple[int, Candidate | None, Metrics, Config]] = []
+    for pick in picks:
+        stored = Metrics(**{k: pick.metrics[k] for k in FIELD_NAMES})
+        entries.append((trial_ids[pick.trial], pick, stored, Config.from_dict(pick.config)))
+    for batch_size in sorted({p.config["batch_size"] for p in picks}):
+        base_id = baseline_trial(bench, study_id, batch_size)
+        if base_id is None or base_id in {e[0] for e in entries}:
+            continue
+        base_metrics = stored_metrics(bench, base_id)
+        if base_metrics is not None:
+            entries.append((base_id, None, base_metrics, Config(batch_size=batch_size)))
+    return entries
+
+
+def _record(
+    bench: Bench, run: RunHandle, trial_id: int, pick: Candidate | None, stored: Metrics, config: Config,
+    latency: Any, constraints: Constraints,
+) -> ConfirmedItem:
+    from pareto.assess import remeasured
+
+    before = stored.to_dict()
+    verdict_before = p99_verdict(before, constraints.p99_ms) if constraints.p99_ms else None
+    with session_scope(bench.engine) as session:
+        row = session.get(Trial, trial_id)
+        assert row is not None
+        number, description = row.optuna_number, row.description
+    item = ConfirmedItem(number, description, pick is None or config.is_baseline, _latency_view(before), None,
+                         verdict_before, None)
+    try:
+        confirmed = remeasured(stored, latency)
+    except MachineBusy as exc:
+        item.busy_reason = str(exc)
+        return item
+    store_measurement(bench, run, trial_id, confirmed, kind="confirm")
+    after = confirmed.to_dict()
+    item.after = _latency_view(after)
+    item.verdict_after = p99_verdict(after, constraints.p99_ms) if constraints.p99_ms else None
+    return item
+
+
+def _latency_view(metrics: dict[str, Any]) -> dict[str, Any]:
+    keys = ("latency_p50_ms", "latency_p99_ms", "latency_p99_lower_ms", "latency_p99_upper_ms", "samples", "rounds",
+            "discarded_rounds", "confidence")
+    return {k: metrics.get(k) for k in keys}
+
+
+def confirm_study(
+    bench: Bench, study_name: str, constraints: Constraints, *, top: int, margin: float, environment: str | None = None
+) -> ConfirmResult:
+    """Choose the configurations of a stored study worth confirming, and confirm them on this bench."""
+    with session_scope(bench.engine) as session:
+        study = queries.get_study(session, study_name)
+        env = queries.choose_environment(session, study, environment or _here(session, study, bench))
+        picks = queries.candidates(session, study, env)
+        objectives = study.spec.get("objectives") or list(DEFAULT_OBJECTIVE_NAMES)
+        study_id = study.id
+    return confirm(bench, study_id, choose(picks, constraints, objectives, top=top, margin=margin), constraints)
+
+
+def _here(session: Any, study: Study, bench: Bench) -> str:
+    """This machine's environment when the study was measured here, else the study's latest."""
+    keys = [e["key"] for e in queries.study_environments(session, study)]
+    env = session.get(Environment, bench.env_id)
+    return env.key if env is not None and env.key in keys else "latest"

@@ -1,0 +1,25 @@
+"""How a configuration is written for people: one function for the library, the tables and the cards.
+
+Pure Python, so that the query side can name configurations without importing torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def describe_technique(name: str, params: dict[str, Any]) -> str:
+    """``prune_structured(ratio=0.375)``: floats to three significant digits, no parentheses when bare."""
+    args = ",".join(f"{k}={_fmt(v)}" for k, v in params.items())
+    return f"{name}({args})" if args else name
+
+
+def describe_config(config: dict[str, Any], *, with_batch: bool = True) -> str:
+    """A stored configuration (``Config.to_dict()``): ``int8_dynamic + lowrank(rank_ratio=0.2) @ batch 256``."""
+    body = " + ".join(describe_technique(t["name"], t.get("params") or {}) for t in config.get("techniques", []))
+    body = body or "baseline"
+    return f"{body} @ batch {config['batch_size']}" if with_batch else body
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
