@@ -138,10 +138,11 @@ def search(config_path: str | None, db: str | None, as_json: bool, **flags: Any)
                 "best": result.best.to_dict() if result.best else None,
                 "no_best_reason": result.no_best_reason,
                 "busy_trials": result.busy,
+                "stopped_busy": result.stopped_busy,
                 "confirmation": result.confirmation.to_dict() if result.confirmation else None,
             }
         )
-        return 130 if result.interrupted else 0
+        return _search_exit(result)
     from pareto.report import best_card, frontier_table
 
     if result.interrupted:
@@ -162,8 +163,13 @@ def search(config_path: str | None, db: str | None, as_json: bool, **flags: Any)
     if result.best is not None:
         out.print(best_card(result.best.to_dict()))
     else:
-        out.print(f"[bold red]{result.no_best_reason}[/]")
-    return 130 if result.interrupted else 0
+        out.print(f"[bold red]{escape(result.no_best_reason or '')}[/]")
+    return _search_exit(result)
+
+
+def _search_exit(result: Any) -> int:
+    """130 after Ctrl-C; 75 (EX_TEMPFAIL) when the machine stayed busy and the search stopped early."""
+    return 130 if result.interrupted else 75 if result.stopped_busy else 0
 
 
 @cli.command()

@@ -1,11 +1,12 @@
 """The main job with a CPU hog started halfway: does the contention guard keep wrong verdicts out?
 
 Runs ``pareto search --slo-p99 7ms`` on a fresh database; once ``--hog-after`` trials are stored it
-starts one CPU-bound process (a busy Python loop) and stops it when the search ends. Then it prints
+starts one CPU-bound process (a busy Python loop) and stops it ``--hog-seconds`` later (or when the
+search ends). Then it prints
 every trial with the rounds the guard discarded and its verdict, marks the trials that ran while the
 hog was on, and re-measures the final pick on the quiet machine (``pareto measure --trial``).
 
-    python benchmarks/contention.py [--db contention.db] [--hog-after 12] [--n-trials 30]
+    python benchmarks/contention.py [--db contention.db] [--hog-after 12] [--hog-seconds 60] [--n-trials 30]
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--db", default="contention.db")
     parser.add_argument("--hog-after", type=int, default=12)
+    parser.add_argument("--hog-seconds", type=float, default=60.0)
     parser.add_argument("--n-trials", type=int, default=30)
     args = parser.parse_args()
     for suffix in ("", "-wal", "-shm"):
@@ -46,13 +48,16 @@ def main() -> None:
             hog_process = multiprocessing.Process(target=hog, daemon=True)
             hog_process.start()
             hog_on = datetime.now(timezone.utc)
+        if hog_on and hog_off is None and (datetime.now(timezone.utc) - hog_on).total_seconds() > args.hog_seconds:
+            hog_process.terminate()
+            hog_off = datetime.now(timezone.utc)
     out, err = search.communicate()
-    if hog_process is not None:
+    if hog_process is not None and hog_off is None:
         hog_process.terminate()
         hog_off = datetime.now(timezone.utc)
     wall = time.monotonic() - started
     print(f"search: exit {search.returncode}, {wall:.0f} s; hog from {hog_on} to {hog_off}\n")
-    print("\n".join(line for line in err.splitlines() if line.startswith(("trial", "Confirmed", "Baseline"))))
+    print("\n".join(line for line in err.splitlines() if line.startswith(("trial", "Confirmed", "Baseline", "The machine"))))
     _table(args.db, hog_on, hog_off)
     pick = subprocess.run([*cli, "best", "--db", args.db, "--json"], capture_output=True, text=True)
     if pick.returncode != 0:

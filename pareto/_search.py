@@ -23,7 +23,7 @@ from pareto._runs import Bench, RunHandle, baseline_trial, finish_run, open_benc
 from pareto._runs import stored_metrics
 from pareto.assess import assess, build, check_input_fits, remeasured, round_plan
 from pareto.compress import Config, Technique, get_technique
-from pareto.confirmation import ConfirmResult, choose, confirm
+from pareto.confirmation import ConfirmResult, confirm_pick, load_candidates
 from pareto.errors import MachineBusy, NoFeasibleConfiguration, TechniqueError, UsageError
 from pareto.frontier import (
     DEFAULT_OBJECTIVE_NAMES,
@@ -44,6 +44,9 @@ from pareto.store.models import Environment, Measurement, Study, Trial, utcnow
 from pareto.task import Task, load_task
 
 HEARTBEAT_INTERVAL_S = 60
+#: After a trial the contention guard gave up on, wait this long at most for the machine to quiet
+#: down before the next trial; still busy then, the search stops (trials stored, exit code 75).
+BUSY_WAIT_S = 120.0
 
 
 class Reporter(Protocol):
@@ -93,6 +96,7 @@ class SearchResult:
     constraints: Constraints
     confirmation: ConfirmResult | None = None
     busy: int = 0  # trials the contention guard gave up on
+    stopped_busy: bool = False  # the machine stayed busy: the search stopped before its trials ran
 
 
 @dataclass
@@ -121,10 +125,12 @@ def run_search(spec: SearchSpec, *, db_url: str, reporter: Reporter | None = Non
     study = _optuna_study(setup, db_url)
     run = start_run(setup.bench, kind="search", study_id=setup.study_id)
     _time_baselines(setup, run, study, reporter)
-    outcomes, interrupted = _optimize(setup, run, study, reporter)
-    finish_run(setup.bench, run, trials=len(outcomes), interrupted=interrupted)
-    confirmation = None if interrupted else _confirm(setup, reporter)
-    return _result(setup, outcomes, interrupted, confirmation)
+    outcomes, interrupted, stopped_busy = _optimize(setup, run, study, reporter)
+    finish_run(setup.bench, run, trials=len(outcomes), interrupted=interrupted, stopped_busy=stopped_busy)
+    confirmation = None if interrupted or stopped_busy else _confirm(setup, run, reporter)
+    result = _result(setup, outcomes, interrupted, confirmation)
+    result.stopped_busy = stopped_busy
+    return result
 
 
 def _prepare(spec: SearchSpec, db_url: str, reporter: Reporter) -> _Setup:
@@ -244,9 +250,11 @@ def _retime_baseline(setup: _Setup, run: RunHandle, trial_id: int, batch_size: i
 
 def _optimize(
     setup: _Setup, run: RunHandle, study: optuna.Study, reporter: Reporter
-) -> tuple[list[TrialOutcome], bool]:
-    """Optuna's loop; returns the outcomes of this run's trials and whether Ctrl-C stopped it."""
+) -> tuple[list[TrialOutcome], bool, bool]:
+    """Optuna's loop; returns the outcomes of this run's trials, whether Ctrl-C stopped it, and
+    whether it stopped because the machine stayed busy."""
     objective = _Objective(setup, run)
+    busy_stop = {"stopped": False}
     with session_scope(setup.bench.engine) as session:
         row = session.get(Study, setup.study_id)
         assert row is not None
@@ -261,6 +269,9 @@ def _optimize(
         if outcome.state == "COMPLETE":
             seen.append(Candidate(setup.spec.study_name, outcome.number, {}, outcome.description, dict(outcome.metrics), {}))
         reporter.trial_done(outcome, _best_or_none(seen, setup.constraints, setup.spec.study_name))
+        if outcome.state == "BUSY" and not _wait_for_quiet(run, reporter):
+            busy_stop["stopped"] = True
+            _study.stop()
 
     timeout = setup.spec.search.timeout / 1000 if setup.spec.search.timeout else None
     reporter.start(study=setup.spec.study_name, task=setup.bench.task.name, n_trials=setup.spec.search.n_trials,
@@ -269,22 +280,39 @@ def _optimize(
         with _StopOnInterrupt(study, reporter) as stop:
             study.optimize(objective, n_trials=setup.spec.search.n_trials, timeout=timeout,
                            catch=(TechniqueError, MachineBusy), callbacks=[on_trial, stop.after_trial])
-        return finished, stop.requested
+        return finished, stop.requested, busy_stop["stopped"]
     except KeyboardInterrupt:
-        return finished, True
+        return finished, True, busy_stop["stopped"]
 
 
-def _confirm(setup: _Setup, reporter: Reporter) -> ConfirmResult | None:
+def _wait_for_quiet(run: RunHandle, reporter: Reporter) -> bool:
+    """After a busy trial: wait for the machine to quiet down; False when it stayed busy."""
+    if run.probe is None:
+        return True
+    reporter.notice(f"The machine is busy: waiting up to {BUSY_WAIT_S:.0f} s for it to quiet down before the next trial.")
+    if run.probe.wait_for_quiet(BUSY_WAIT_S):
+        reporter.notice("The machine is quiet again; the search goes on.")
+        return True
+    reporter.notice(
+        f"The machine stayed busy for {BUSY_WAIT_S:.0f} s: the search stops here, every trial stored. "
+        "Run the same command when the machine is quiet to continue the study."
+    )
+    return False
+
+
+def _confirm(setup: _Setup, run: RunHandle, reporter: Reporter) -> ConfirmResult | None:
     """Re-measure the best feasible and near-feasible configurations with the baseline, in this environment."""
     search = setup.spec.search
     if search.confirm_top == 0 or setup.constraints.p99_ms is None:
         return None
-    with session_scope(setup.bench.engine) as session:
-        row = session.get(Study, setup.study_id)
-        assert row is not None
-        everything = queries.candidates(session, row, session.get(Environment, setup.bench.env_id))
-    picks = choose(everything, setup.constraints, setup.spec.objectives, top=search.confirm_top, margin=search.confirm_margin)
-    result = confirm(setup.bench, setup.study_id, picks, setup.constraints, seed=search.seed)
+    if run.probe is not None and run.probe.read_after_work().ratio > run.probe.limit:
+        reporter.notice("The machine is busy: no confirmation now; run 'pareto confirm' when it is quiet.")
+        return None
+    result = confirm_pick(
+        setup.bench, setup.study_id, lambda: load_candidates(setup.bench, setup.study_id, setup.bench.env_id),
+        setup.constraints, list(setup.spec.objectives), top=search.confirm_top, margin=search.confirm_margin,
+        seed=search.seed,
+    )
     reporter.confirmed(result)
     return result
 

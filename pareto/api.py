@@ -599,13 +599,10 @@ def roofline(
     Raises:
         UsageError: no profile could be found (name one, or run ``pareto calibrate``).
     """
-    from collections import defaultdict
-
-    from pareto.errors import UsageError
     from pareto.measure.compute import compute_dtype, layer_costs
     from pareto.measure.environment import fingerprint
     from pareto.measure.latency import resolve_device
-    from pareto.measure.roofline import regime
+    from pareto.measure.roofline import layer_types
     from pareto.task import load_task
 
     import torch
@@ -621,23 +618,6 @@ def roofline(
     dtype = compute_dtype(model)
     if dtype not in profile.peak_flops:
         raise UsageError(f"Profile {profile.name!r} has no {dtype} peak; pick another with --hardware.")
-    ridge = profile.ridge_flop_per_byte(dtype)
-    by_type: dict[str, dict[str, Any]] = defaultdict(lambda: {"layers": 0, "flops": 0, "bytes_moved": 0})
-    for layer in layer_costs(model, loaded.example_input(batch_size or loaded.batch_size)):
-        if layer.flops == 0 and layer.weight_bytes == 0:
-            continue  # containers and free elementwise ops: nothing to place on the roofline
-        row = by_type[layer.type]
-        row["layers"] += 1
-        row["flops"] += layer.flops
-        row["bytes_moved"] += layer.bytes_moved
-    rows = []
-    for layer_type, row in sorted(by_type.items(), key=lambda kv: -kv[1]["flops"]):
-        intensity = row["flops"] / row["bytes_moved"] if row["bytes_moved"] else float("inf")
-        kind = regime(intensity, profile, dtype)
-        rows.append({
-            "type": layer_type, **row, "arithmetic_intensity": intensity, "regime": kind,
-            "pays_off": "fewer bytes: quantization, smaller layers" if kind == "memory-bound"
-            else "fewer FLOPs: structured pruning, low-rank, distillation",
-        })
+    rows = layer_types(layer_costs(model, loaded.example_input(batch_size or loaded.batch_size)), profile, dtype)
     return {"task": loaded.name, "batch_size": batch_size or loaded.batch_size, "dtype": dtype,
-            "hardware": profile.to_dict(), "ridge_flop_per_byte": ridge, "layers": rows}
+            "hardware": profile.to_dict(), "ridge_flop_per_byte": profile.ridge_flop_per_byte(dtype), "layers": rows}

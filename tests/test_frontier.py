@@ -60,7 +60,7 @@ def test_frontier_sorted_fastest_first() -> None:
 
 
 def test_domain_example_slo_decides_between_incomparable_points() -> None:
-    a, b = cand(1, 0.85, 10), cand(2, 0.83, 5)  # DOMAIN.md: A 85 % at 10 ms, B 83 % at 5 ms
+    a, b = cand(1, 0.85, 10), cand(2, 0.83, 5)  # A 85 % at 10 ms and B 83 % at 5 ms are incomparable
     assert select_best([a, b], Constraints(p99_ms=7), study="s").trial == 2
     assert select_best([a, b], Constraints(min_accuracy=0.84), study="s").trial == 1
 

@@ -168,10 +168,7 @@ def _matmul_rate(device: str, name: str, share_s: float) -> tuple[float, str] | 
         predicted_s = 2 * rows * inner * cols / best_rate * (_MIN_CALLS + 1)
         if predicted_s > max(deadline - time.perf_counter(), share_s / 4):
             continue  # this shape would overrun the budget share
-        x = torch.randn(rows, inner, device=device).to(dtype)
-        w = torch.randn(inner, cols, device=device).to(dtype)
-        _time_calls(lambda: x @ w, device, 1)
-        shape_times = _time_calls(lambda: x @ w, device, _MIN_CALLS)
+        shape_times = _matmul_times(device, dtype, rows, inner, cols)
         timed += 1
         rate = 2 * rows * inner * cols / min(shape_times)
         if rate > best_rate:
@@ -191,16 +188,11 @@ def _copy_rate(device: str, share_s: float) -> tuple[float, str]:
         free, _ = torch.cuda.mem_get_info(device)
         sizes = tuple(min(size, free // 8) for size in _CUDA_COPY_BYTES)
     best: tuple[float, float, int, int] = (0.0, 0.0, 0, 0)  # rate, median rate, bytes, calls
-    for i, nbytes in enumerate(sizes):
-        deadline = time.perf_counter() + share_s / len(sizes)
-        src = torch.ones(nbytes, dtype=torch.uint8, device=device)  # written: pages are really mapped
-        dst = torch.empty_like(src)
-        _time_calls(lambda: dst.copy_(src), device, 1)  # first touch of dst's pages is not bandwidth
-        times = _time_calls(lambda: dst.copy_(src), device, _MIN_CALLS, deadline)
+    for nbytes in sizes:
+        times = _copy_times(device, nbytes, time.perf_counter() + share_s / len(sizes))
         rate = 2 * nbytes / min(times)
         if rate > best[0]:
             best = (rate, 2 * nbytes / statistics.median(times), nbytes, len(times))
-        del src, dst
     rate, median, nbytes, calls = best
     listed = ", ".join(f"{size / 2**20:.0f}" for size in sizes)
     source = (
@@ -208,6 +200,20 @@ def _copy_rate(device: str, share_s: float) -> tuple[float, str]:
         f"best of {calls} calls {rate / 1e9:.3g} GB/s (median {median / 1e9:.3g} GB/s)"
     )
     return rate, source
+
+
+def _copy_times(device: str, nbytes: int, deadline: float) -> list[float]:
+    src = torch.ones(nbytes, dtype=torch.uint8, device=device)  # written: pages are really mapped
+    dst = torch.empty_like(src)
+    _time_calls(lambda: dst.copy_(src), device, 1)  # first touch of dst's pages is not bandwidth
+    return _time_calls(lambda: dst.copy_(src), device, _MIN_CALLS, deadline)
+
+
+def _matmul_times(device: str, dtype: torch.dtype, rows: int, inner: int, cols: int) -> list[float]:
+    x = torch.randn(rows, inner, device=device).to(dtype)
+    w = torch.randn(inner, cols, device=device).to(dtype)
+    _time_calls(lambda: x @ w, device, 1)
+    return _time_calls(lambda: x @ w, device, _MIN_CALLS)
 
 
 def _time_calls(

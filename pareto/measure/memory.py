@@ -1,6 +1,6 @@
 """Memory of a model at inference: parameters as stored, peak activations, KV cache, optimizer state.
 
-M = M_params + M_activations + M_kv_cache + M_optimizer (DOMAIN.md); at inference M_optimizer = 0.
+M = M_params + M_activations + M_kv_cache + M_optimizer: the four terms of inference memory; at inference M_optimizer = 0.
 """
 
 from __future__ import annotations

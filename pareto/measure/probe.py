@@ -98,14 +98,35 @@ class ContentionProbe:
         ms = self.time_ms()
         return ProbeReading(ms, ms / self.quiet_ms)
 
+    def read_after_work(self) -> ProbeReading:
+        """A reading taken right after some busy work, as the probe runs between rounds (a probe
+        after an idle pause is favoured by the scheduler and would look quieter than it is)."""
+        self._work()
+        return self.read()
+
+    def wait_for_quiet(self, timeout_s: float, *, settled: int = 3, every_s: float = 2.0) -> bool:
+        """Wait until ``settled`` readings in a row are within the limit; False when ``timeout_s`` ran out."""
+        deadline, quiet = time.monotonic() + timeout_s, 0
+        while time.monotonic() < deadline:
+            quiet = quiet + 1 if self.read_after_work().ratio <= self.limit else 0
+            if quiet >= settled:
+                return True
+            time.sleep(every_s)
+        return False
+
+    def _work(self) -> None:
+        with torch.inference_mode():
+            until = time.perf_counter() + _REFERENCE_WORK_S
+            while time.perf_counter() < until:
+                self._a @ self._b
+            self._sync()
+
     def _reference(self) -> float:
         """This run's reference: the median probe, each right after some busy work."""
         readings = []
         with torch.inference_mode():
             self.time_ms()  # first touch of the buffers and the thread pool
-            for _ in range(_REFERENCE_PROBES):
-                until = time.perf_counter() + _REFERENCE_WORK_S
-                while time.perf_counter() < until:
-                    self._a @ self._b
-                readings.append(self.time_ms())
+        for _ in range(_REFERENCE_PROBES):
+            self._work()
+            readings.append(self.time_ms())
         return statistics.median(readings)

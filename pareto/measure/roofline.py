@@ -8,6 +8,7 @@ No torch here: ``pareto hardware`` lists profiles without importing it.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -191,6 +192,33 @@ def ceiling_suspect(fraction: float, profile: HardwareProfile) -> str | None:
         else f"a measured p50 was {fraction:.2f}x faster than the roofline bound of profile {profile.name!r}: "
         "its ceilings do not fit this device"
     )
+
+
+#: What can make a layer faster, by its regime: below the ridge only fewer bytes help.
+PAYS_OFF: dict[Regime, str] = {
+    "memory-bound": "fewer bytes: quantization, smaller layers",
+    "compute-bound": "fewer FLOPs: structured pruning, low-rank, distillation",
+}
+
+
+def layer_types(layers: Iterable[Any], profile: HardwareProfile, dtype: str) -> list[dict[str, Any]]:
+    """Per-layer costs (``pareto.measure.compute.LayerCost``) grouped by layer type, most FLOPs first,
+    each placed on the roofline with its regime and what can pay off there."""
+    by_type: dict[str, dict[str, Any]] = {}
+    for layer in layers:
+        if layer.flops == 0 and layer.weight_bytes == 0:
+            continue  # containers and free elementwise ops: nothing to place on the roofline
+        row = by_type.setdefault(layer.type, {"layers": 0, "flops": 0, "bytes_moved": 0})
+        row["layers"] += 1
+        row["flops"] += layer.flops
+        row["bytes_moved"] += layer.bytes_moved
+    rows = []
+    for layer_type, row in sorted(by_type.items(), key=lambda kv: -kv[1]["flops"]):
+        intensity = row["flops"] / row["bytes_moved"] if row["bytes_moved"] else math.inf
+        kind = regime(intensity, profile, dtype)
+        rows.append({"type": layer_type, **row, "arithmetic_intensity": intensity, "regime": kind,
+                     "pays_off": PAYS_OFF[kind]})
+    return rows
 
 
 def _parse(text: str, origin: str) -> HardwareProfile:
