@@ -43,7 +43,8 @@ db_option = click.option(
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 study_option = click.option("--study", help="Study name (default: the only study in the database).")
 environment_option = click.option(
-    "--environment", metavar="KEY|latest|all",
+    "--environment",
+    metavar="KEY|latest|all",
     help="Compare measurements from this environment only [default: latest, where the study was last measured].",
 )
 
@@ -67,9 +68,14 @@ def cli() -> None:
 @study_option
 @slo_options
 @click.option("--min-throughput", type=RATE, help="Throughput floor, e.g. 500/s.")
-@click.option("--objective", "objectives", help="Comma-separated: accuracy,p99,p50,memory,throughput,bytes_moved,flops.")
-@click.option("--scenario", type=click.Choice(["mobile", "serving", "realtime", "edge"]),
-              help="Preset objectives and batch sizes for a deployment case.")
+@click.option(
+    "--objective", "objectives", help="Comma-separated: accuracy,p99,p50,memory,throughput,bytes_moved,flops."
+)
+@click.option(
+    "--scenario",
+    type=click.Choice(["mobile", "serving", "realtime", "edge"]),
+    help="Preset objectives and batch sizes for a deployment case.",
+)
 @click.option("--hardware", help="Roofline profile (see `pareto hardware`), host, auto or none.")
 @click.option("--n-trials", type=click.IntRange(min=1), help="Trials to run now [default 30].")
 @click.option("--timeout", type=DURATION, help="Stop starting trials after this long, e.g. 10min.")
@@ -80,15 +86,27 @@ def cli() -> None:
 @click.option("--samples", type=click.IntRange(min=1), help="Fewest timed calls per trial [default 662].")
 @click.option("--rounds", type=click.IntRange(min=1), help="Rounds the calls are split into [default 20].")
 @click.option("--warmup", type=click.IntRange(min=0), help="Untimed warm-up calls [default 50].")
-@click.option("--confidence", type=click.FloatRange(min=0.9, max=1, max_open=True),
-              help="One-sided confidence of every latency bound [default 0.99].")
-@click.option("--contention-limit", type=click.FloatRange(min=1, min_open=True),
-              help="Discard a round when the probe is this many times slower than quiet [default 1.5].")
+@click.option(
+    "--confidence",
+    type=click.FloatRange(min=0.9, max=1, max_open=True),
+    help="One-sided confidence of every latency bound [default 0.99].",
+)
+@click.option(
+    "--contention-limit",
+    type=click.FloatRange(min=1, min_open=True),
+    help="Discard a round when the probe is this many times slower than quiet [default 1.5].",
+)
 @click.option("--no-guard", is_flag=True, help="Time without the contention probe between rounds.")
-@click.option("--adaptive-budget", type=DURATION,
-              help="Keep timing past --samples until the P99 verdict is decided, up to this long a trial (e.g. 20s).")
-@click.option("--confirm-top", type=click.IntRange(min=0),
-              help="Confirm this many of the best configurations after the trials [default 3; 0: none].")
+@click.option(
+    "--adaptive-budget",
+    type=DURATION,
+    help="Keep timing past --samples until the P99 verdict is decided, up to this long a trial (e.g. 20s).",
+)
+@click.option(
+    "--confirm-top",
+    type=click.IntRange(min=0),
+    help="Confirm this many of the best configurations after the trials [default 3; 0: none].",
+)
 @db_option
 @json_option
 def search(config_path: str | None, db: str | None, as_json: bool, **flags: Any) -> int:
@@ -96,30 +114,8 @@ def search(config_path: str | None, db: str | None, as_json: bool, **flags: Any)
     from pareto.api import search as run
     from pareto.spec import load_spec
 
-    overrides = {
-        "task": flags["task"],
-        "study": flags["study"],
-        "slo.p99": flags["slo_p99"],
-        "slo.min_accuracy": flags["min_accuracy"],
-        "slo.min_throughput": flags["min_throughput"],
-        "scenario": flags["scenario"],
-        "objectives": flags["objectives"].split(",") if flags["objectives"] else None,
-        "measure.hardware": flags["hardware"],
-        "budget.max_memory": flags["max_memory"],
-        "search.n_trials": flags["n_trials"],
-        "search.timeout": flags["timeout"],
-        "search.seed": flags["seed"],
-        "search.sampler": flags["sampler"],
-        "measure.device": flags["device"],
-        "measure.threads": flags["threads"],
-        "measure.samples": flags["samples"],
-        "measure.rounds": flags["rounds"],
-        "measure.warmup": flags["warmup"],
-        "measure.confidence": flags["confidence"],
-        "measure.contention_limit": flags["contention_limit"],
-        "measure.adaptive_budget": flags["adaptive_budget"],
-        "search.confirm_top": flags["confirm_top"],
-    }
+    overrides = {key: flags[flag] for key, flag in _SPEC_FLAGS.items()}
+    overrides["objectives"] = flags["objectives"].split(",") if flags["objectives"] else None
     spec = load_spec(config_path, overrides)
     if flags["no_guard"]:
         spec = spec.model_copy(update={"measure": spec.measure.model_copy(update={"contention_limit": None})})
@@ -128,22 +124,55 @@ def search(config_path: str | None, db: str | None, as_json: bool, **flags: Any)
     with ProgressReporter(err, enabled=not as_json) as reporter:
         result = run(spec, db=db, reporter=reporter)
     if as_json:
-        _print_json(
-            {
-                "study": result.study,
-                "trials_run": result.trials_run,
-                "measured": result.measured,
-                "interrupted": result.interrupted,
-                "frontier": [c.to_dict() for c in result.frontier],
-                "best": result.best.to_dict() if result.best else None,
-                "no_best_reason": result.no_best_reason,
-                "busy_trials": result.busy,
-                "stopped_busy": result.stopped_busy,
-                "confirmation": result.confirmation.to_dict() if result.confirmation else None,
-            }
-        )
+        _print_json(_search_json(result))
         return _search_exit(result)
-    from pareto.report import best_card, frontier_table
+    _print_search(result)
+    return _search_exit(result)
+
+
+#: ``pareto search`` flags and the spec keys they set (CLI flags override the YAML).
+_SPEC_FLAGS = {
+    "task": "task",
+    "study": "study",
+    "slo.p99": "slo_p99",
+    "slo.min_accuracy": "min_accuracy",
+    "slo.min_throughput": "min_throughput",
+    "scenario": "scenario",
+    "measure.hardware": "hardware",
+    "budget.max_memory": "max_memory",
+    "search.n_trials": "n_trials",
+    "search.timeout": "timeout",
+    "search.seed": "seed",
+    "search.sampler": "sampler",
+    "search.confirm_top": "confirm_top",
+    "measure.device": "device",
+    "measure.threads": "threads",
+    "measure.samples": "samples",
+    "measure.rounds": "rounds",
+    "measure.warmup": "warmup",
+    "measure.confidence": "confidence",
+    "measure.contention_limit": "contention_limit",
+    "measure.adaptive_budget": "adaptive_budget",
+}
+
+
+def _search_json(result: Any) -> dict[str, Any]:
+    return {
+        "study": result.study,
+        "trials_run": result.trials_run,
+        "measured": result.measured,
+        "interrupted": result.interrupted,
+        "frontier": [c.to_dict() for c in result.frontier],
+        "best": result.best.to_dict() if result.best else None,
+        "no_best_reason": result.no_best_reason,
+        "busy_trials": result.busy,
+        "stopped_busy": result.stopped_busy,
+        "confirmation": result.confirmation.to_dict() if result.confirmation else None,
+    }
+
+
+def _print_search(result: Any) -> None:
+    from pareto.report import best_card, confirmation_table, frontier_table
 
     if result.interrupted:
         err.print(
@@ -156,15 +185,12 @@ def search(config_path: str | None, db: str | None, as_json: bool, **flags: Any)
             "not shown to the sampler; measured again when proposed again)."
         )
     if result.confirmation is not None and result.confirmation.items:
-        from pareto.report import confirmation_table
-
         out.print(confirmation_table(result.confirmation.to_dict()))
     out.print(frontier_table(result.frontier, width=out.width))
     if result.best is not None:
         out.print(best_card(result.best.to_dict()))
     else:
         out.print(f"[bold red]{escape(result.no_best_reason or '')}[/]")
-    return _search_exit(result)
 
 
 def _search_exit(result: Any) -> int:
@@ -178,13 +204,21 @@ def _search_exit(result: Any) -> int:
 @environment_option
 @db_option
 @json_option
-def best(study: str | None, slo_p99: str | None, min_accuracy: float | None, max_memory: str | None,
-         environment: str | None, db: str | None, as_json: bool) -> None:
+def best(
+    study: str | None,
+    slo_p99: str | None,
+    min_accuracy: float | None,
+    max_memory: str | None,
+    environment: str | None,
+    db: str | None,
+    as_json: bool,
+) -> None:
     """The stored configuration with the highest accuracy that meets the SLO (conservative bound)."""
     from pareto.api import best as query
 
-    pick = query(study=study, slo_p99=slo_p99, min_accuracy=min_accuracy, max_memory=max_memory,
-                 environment=environment, db=db)
+    pick = query(
+        study=study, slo_p99=slo_p99, min_accuracy=min_accuracy, max_memory=max_memory, environment=environment, db=db
+    )
     _environment_note(pick["environment"])
     if as_json:
         _print_json(pick)
@@ -200,13 +234,21 @@ def best(study: str | None, slo_p99: str | None, min_accuracy: float | None, max
 @environment_option
 @db_option
 @json_option
-def frontier(study: str | None, slo_p99: str | None, min_accuracy: float | None, max_memory: str | None,
-             environment: str | None, db: str | None, as_json: bool) -> None:
+def frontier(
+    study: str | None,
+    slo_p99: str | None,
+    min_accuracy: float | None,
+    max_memory: str | None,
+    environment: str | None,
+    db: str | None,
+    as_json: bool,
+) -> None:
     """The Pareto frontier of a study: accuracy against the P99 upper bound."""
     from pareto.api import frontier as query
 
-    front = query(study=study, slo_p99=slo_p99, min_accuracy=min_accuracy, max_memory=max_memory,
-                  environment=environment, db=db)
+    front = query(
+        study=study, slo_p99=slo_p99, min_accuracy=min_accuracy, max_memory=max_memory, environment=environment, db=db
+    )
     if front:
         _environment_note(front[0]["environment"])
     if as_json:
@@ -218,30 +260,62 @@ def frontier(study: str | None, slo_p99: str | None, min_accuracy: float | None,
     for row in front:
         groups.setdefault(row["environment"]["key"], []).append(row)
     for rows in groups.values() or [[]]:
-        title = "Pareto frontier" if len(groups) < 2 else f"Pareto frontier in environment {rows[0]['environment']['key']}"
+        title = (
+            "Pareto frontier" if len(groups) < 2 else f"Pareto frontier in environment {rows[0]['environment']['key']}"
+        )
         out.print(frontier_table(rows, title=title, width=out.width))
 
 
 @cli.command()
 @study_option
 @slo_options
-@click.option("--top", type=click.IntRange(min=1), default=3, show_default=True,
-              help="Confirm this many of the best feasible and near-feasible configurations.")
-@click.option("--margin", type=click.FloatRange(min=1), default=1.5, show_default=True,
-              help="Near-feasible: a P99 upper bound within this multiple of the SLO.")
+@click.option(
+    "--top",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="Confirm this many of the best feasible and near-feasible configurations.",
+)
+@click.option(
+    "--margin",
+    type=click.FloatRange(min=1),
+    default=1.5,
+    show_default=True,
+    help="Near-feasible: a P99 upper bound within this multiple of the SLO.",
+)
 @environment_option
 @click.option("--device", help="auto, cpu, cuda or cuda:N [default: the study's].")
 @click.option("--threads", type=click.IntRange(min=1), help="Intra-op threads while timing [default: the study's].")
 @db_option
 @json_option
-def confirm(study: str | None, slo_p99: str | None, min_accuracy: float | None, max_memory: str | None, top: int,
-            margin: float, environment: str | None, device: str | None, threads: int | None, db: str | None,
-            as_json: bool) -> None:
+def confirm(
+    study: str | None,
+    slo_p99: str | None,
+    min_accuracy: float | None,
+    max_memory: str | None,
+    top: int,
+    margin: float,
+    environment: str | None,
+    device: str | None,
+    threads: int | None,
+    db: str | None,
+    as_json: bool,
+) -> None:
     """Re-measure the best configurations in interleaved rounds with the baseline; `best` then prefers them."""
     from pareto.api import confirm as run
 
-    result = run(study=study, slo_p99=slo_p99, min_accuracy=min_accuracy, max_memory=max_memory, top=top,
-                 margin=margin, environment=environment, device=device, threads=threads, db=db)
+    result = run(
+        study=study,
+        slo_p99=slo_p99,
+        min_accuracy=min_accuracy,
+        max_memory=max_memory,
+        top=top,
+        margin=margin,
+        environment=environment,
+        device=device,
+        threads=threads,
+        db=db,
+    )
     if as_json:
         _print_json(result)
         return
@@ -267,14 +341,31 @@ def studies(db: str | None, as_json: bool) -> None:
         _print_json(rows)
         return
     table = Table(title="Studies")
-    for column in ("study", "task", "scenario", "objectives", "complete", "failed", "duplicate", "P99 SLO",
-                   "environments", "updated"):
+    for column in (
+        "study",
+        "task",
+        "scenario",
+        "objectives",
+        "complete",
+        "failed",
+        "duplicate",
+        "P99 SLO",
+        "environments",
+        "updated",
+    ):
         table.add_column(column)
     for r in rows:
         p99 = r["slo"].get("p99")
         table.add_row(
-            r["study"], r["task"], r["scenario"] or "—", ",".join(r["objectives"]), str(r["complete"]),
-            str(r["failed"]), str(r["duplicate"]), format_ms(p99) if p99 else "—", str(r["environments"]),
+            r["study"],
+            r["task"],
+            r["scenario"] or "—",
+            ",".join(r["objectives"]),
+            str(r["complete"]),
+            str(r["failed"]),
+            str(r["duplicate"]),
+            format_ms(p99) if p99 else "—",
+            str(r["environments"]),
             r["updated_at"][:19].replace("T", " "),
         )
     out.print(table)
@@ -282,8 +373,13 @@ def studies(db: str | None, as_json: bool) -> None:
 
 @cli.command()
 @click.option("--task", default="demo", show_default=True, help="Built-in task name or package.module:factory.")
-@click.option("--technique", "techniques", multiple=True, metavar="NAME[:key=value,…]",
-              help="A technique to apply, repeatable, e.g. prune_structured:ratio=0.5.")
+@click.option(
+    "--technique",
+    "techniques",
+    multiple=True,
+    metavar="NAME[:key=value,…]",
+    help="A technique to apply, repeatable, e.g. prune_structured:ratio=0.5.",
+)
 @click.option("--study", help="With --trial: the study whose stored trial to measure again.")
 @click.option("--trial", type=click.IntRange(min=0), help="Measure this stored trial again with its stored method.")
 @click.option("--batch-size", type=click.IntRange(min=1), help="Batch size [default: the task's].")
@@ -292,18 +388,46 @@ def studies(db: str | None, as_json: bool) -> None:
 @click.option("--device", help="auto, cpu, cuda or cuda:N [default auto; with --trial: the stored one].")
 @click.option("--threads", type=click.IntRange(min=1), help="Intra-op threads while timing.")
 @click.option("--samples", type=click.IntRange(min=1), default=662, show_default=True, help="Fewest timed calls.")
-@click.option("--rounds", type=click.IntRange(min=1), default=20, show_default=True, help="Rounds the calls are split into.")
+@click.option(
+    "--rounds", type=click.IntRange(min=1), default=20, show_default=True, help="Rounds the calls are split into."
+)
 @click.option("--warmup", type=click.IntRange(min=0), default=50, show_default=True, help="Warm-up calls.")
-@click.option("--confidence", type=click.FloatRange(min=0.9, max=1, max_open=True), default=0.99, show_default=True,
-              help="One-sided confidence of every latency bound.")
+@click.option(
+    "--confidence",
+    type=click.FloatRange(min=0.9, max=1, max_open=True),
+    default=0.99,
+    show_default=True,
+    help="One-sided confidence of every latency bound.",
+)
 @click.option("--sweep", is_flag=True, help="Also measure the throughput curve over a batch sweep.")
-@click.option("--adaptive-budget", type=DURATION, default="20s", show_default=True,
-              help="With --slo-p99: keep timing until the verdict is decided, up to this long.")
+@click.option(
+    "--adaptive-budget",
+    type=DURATION,
+    default="20s",
+    show_default=True,
+    help="With --slo-p99: keep timing until the verdict is decided, up to this long.",
+)
 @db_option
 @json_option
-def measure(task: str, techniques: tuple[str, ...], study: str | None, trial: int | None, batch_size: int | None,
-            slo_p99: str | None, hardware: str, device: str | None, threads: int | None, samples: int, rounds: int,
-            warmup: int, confidence: float, sweep: bool, adaptive_budget: str, db: str | None, as_json: bool) -> None:
+def measure(
+    task: str,
+    techniques: tuple[str, ...],
+    study: str | None,
+    trial: int | None,
+    batch_size: int | None,
+    slo_p99: str | None,
+    hardware: str,
+    device: str | None,
+    threads: int | None,
+    samples: int,
+    rounds: int,
+    warmup: int,
+    confidence: float,
+    sweep: bool,
+    adaptive_budget: str,
+    db: str | None,
+    as_json: bool,
+) -> None:
     """Measure one configuration on all four axes beside the uncompressed model, or a stored trial again."""
     if trial is not None:
         _remeasure(study, trial, slo_p99, device, db, as_json)
@@ -312,10 +436,22 @@ def measure(task: str, techniques: tuple[str, ...], study: str | None, trial: in
         raise UsageError("--study needs --trial N: name the stored trial to measure again.")
     from pareto.api import measure as run
 
-    card = run(task, techniques=techniques, batch_size=batch_size, slo_p99=slo_p99,
-               hardware=None if hardware.lower() == "none" else hardware, device=device or "auto", threads=threads,
-               samples=samples, rounds=rounds, warmup=warmup, confidence=confidence, sweep=sweep,
-               adaptive_budget=adaptive_budget, db=db)
+    card = run(
+        task,
+        techniques=techniques,
+        batch_size=batch_size,
+        slo_p99=slo_p99,
+        hardware=None if hardware.lower() == "none" else hardware,
+        device=device or "auto",
+        threads=threads,
+        samples=samples,
+        rounds=rounds,
+        warmup=warmup,
+        confidence=confidence,
+        sweep=sweep,
+        adaptive_budget=adaptive_budget,
+        db=db,
+    )
     notes = card.pop("notes")
     if as_json:
         _print_json(card)
@@ -327,8 +463,9 @@ def measure(task: str, techniques: tuple[str, ...], study: str | None, trial: in
         err.print(note)
 
 
-def _remeasure(study: str | None, trial: int, slo_p99: str | None, device: str | None, db: str | None,
-               as_json: bool) -> None:
+def _remeasure(
+    study: str | None, trial: int, slo_p99: str | None, device: str | None, db: str | None, as_json: bool
+) -> None:
     from pareto.api import remeasure
 
     card = remeasure(study=study, trial=trial, slo_p99=slo_p99, device=device, db=db)
@@ -346,8 +483,13 @@ def _remeasure(study: str | None, trial: int, slo_p99: str | None, device: str |
 @cli.command()
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option("--threads", type=click.IntRange(min=1), help="Intra-op threads [default torch's].")
-@click.option("--seconds", type=click.FloatRange(min=0.5, max=600), default=5.0, show_default=True,
-              help="Time budget for the measurements.")
+@click.option(
+    "--seconds",
+    type=click.FloatRange(min=0.5, max=600),
+    default=5.0,
+    show_default=True,
+    help="Time budget for the measurements.",
+)
 @db_option
 @json_option
 def calibrate(device: str, threads: int | None, seconds: float, db: str | None, as_json: bool) -> None:
@@ -367,7 +509,9 @@ def calibrate(device: str, threads: int | None, seconds: float, db: str | None, 
 
 @cli.command()
 @click.option("--task", default="demo", show_default=True, help="Built-in task name or package.module:factory.")
-@click.option("--hardware", default="auto", show_default=True, help="Profile name (see `pareto hardware`), host or auto.")
+@click.option(
+    "--hardware", default="auto", show_default=True, help="Profile name (see `pareto hardware`), host or auto."
+)
 @click.option("--batch-size", type=click.IntRange(min=1), help="Batch size [default: the task's].")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @db_option
@@ -412,14 +556,21 @@ def techniques(device: str, task: str | None, as_json: bool) -> None:
     if as_json:
         _print_json(listing)
         return
-    table = Table(title="Techniques (applied in this order: distill → prune → lowrank → finetune → quantize → compile)",
-                  title_justify="left")
+    table = Table(
+        title="Techniques (applied in this order: distill → prune → lowrank → finetune → quantize → compile)",
+        title_justify="left",
+    )
     for column in ("name", "family", "parameters", "available", "what it does / why not"):
         table.add_column(column, overflow="fold")
     for t in listing:
         params = "\n".join(f"{k}: {v}" for k, v in t["parameters"].items()) or "—"
-        table.add_row(t["name"], t["family"], params, "[green]yes[/]" if t["available"] else "[red]no[/]",
-                      escape(t["summary"] if t["available"] else t["reason"]))
+        table.add_row(
+            t["name"],
+            t["family"],
+            params,
+            "[green]yes[/]" if t["available"] else "[red]no[/]",
+            escape(t["summary"] if t["available"] else t["reason"]),
+        )
     out.print(table)
 
 

@@ -38,8 +38,12 @@ def main() -> None:
         if os.path.exists(args.db + suffix):
             os.remove(args.db + suffix)
     cli = [sys.executable, "-c", "import sys, cli; sys.exit(cli.main())"]
-    search = subprocess.Popen([*cli, "search", "--slo-p99", "7ms", "--n-trials", str(args.n_trials), "--db", args.db],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    search = subprocess.Popen(
+        [*cli, "search", "--slo-p99", "7ms", "--n-trials", str(args.n_trials), "--db", args.db],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     started = time.monotonic()
     hog_process, hog_on, hog_off = None, None, None
     while search.poll() is None:
@@ -51,28 +55,37 @@ def main() -> None:
         if hog_on and hog_off is None and (datetime.now(timezone.utc) - hog_on).total_seconds() > args.hog_seconds:
             hog_process.terminate()
             hog_off = datetime.now(timezone.utc)
-    out, err = search.communicate()
+    _out, err = search.communicate()
     if hog_process is not None and hog_off is None:
         hog_process.terminate()
         hog_off = datetime.now(timezone.utc)
     wall = time.monotonic() - started
     print(f"search: exit {search.returncode}, {wall:.0f} s; hog from {hog_on} to {hog_off}\n")
-    print("\n".join(line for line in err.splitlines() if line.startswith(("trial", "Confirmed", "Baseline", "The machine"))))
+    print(
+        "\n".join(
+            line for line in err.splitlines() if line.startswith(("trial", "Confirmed", "Baseline", "The machine"))
+        )
+    )
     _table(args.db, hog_on, hog_off)
     pick = subprocess.run([*cli, "best", "--db", args.db, "--json"], capture_output=True, text=True)
     if pick.returncode != 0:
         print(f"\nno pick: {pick.stderr.strip()}")
         return
     chosen = json.loads(pick.stdout)
-    print(f"\npick: trial {chosen['trial']}, stored P99 {chosen['metrics']['latency_p99_ms']:.3f} ms "
-          f"(upper {chosen['metrics']['latency_p99_upper_ms']:.3f} ms), confirmed: {chosen['confirmation'] is not None}")
-    again = subprocess.run([*cli, "measure", "--db", args.db, "--trial", str(chosen["trial"]), "--json"],
-                           capture_output=True, text=True)
+    print(
+        f"\npick: trial {chosen['trial']}, stored P99 {chosen['metrics']['latency_p99_ms']:.3f} ms "
+        f"(upper {chosen['metrics']['latency_p99_upper_ms']:.3f} ms), confirmed: {chosen['confirmation'] is not None}"
+    )
+    again = subprocess.run(
+        [*cli, "measure", "--db", args.db, "--trial", str(chosen["trial"]), "--json"], capture_output=True, text=True
+    )
     if again.returncode == 0:
         m = json.loads(again.stdout)
-        print(f"re-measured on the quiet machine: P99 {m['metrics']['latency_p99_ms']:.3f} ms, upper "
-              f"{m['metrics']['latency_p99_upper_ms']:.3f} ms, verdict {m['verdict']['now']} "
-              f"(stored verdict holds: {m['verdict_holds']})")
+        print(
+            f"re-measured on the quiet machine: P99 {m['metrics']['latency_p99_ms']:.3f} ms, upper "
+            f"{m['metrics']['latency_p99_upper_ms']:.3f} ms, verdict {m['verdict']['now']} "
+            f"(stored verdict holds: {m['verdict_holds']})"
+        )
     else:
         print(f"re-measurement failed: {again.stderr.strip()}")
 
@@ -92,18 +105,28 @@ def _table(db: str, hog_on: datetime | None, hog_off: datetime | None) -> None:
             "m.latency_p99_ms, m.latency_p99_lower_ms, m.latency_p99_upper_ms, t.error FROM pareto_trials t "
             "LEFT JOIN pareto_measurements m ON m.trial_id = t.id AND m.kind = 'search' ORDER BY t.optuna_number"
         ).fetchall()
-    print("\n| trial | during hog | state | rounds discarded | probe max / quiet | p99 ms | p99 upper ms | verdict at 7 ms |")
+    print(
+        "\n| trial | during hog | state | rounds discarded | probe max / quiet | p99 ms | p99 upper ms | verdict at 7 ms |"
+    )
     print("|---:|---|---|---:|---:|---:|---:|---|")
-    for number, state, start, end, discarded, ratio, p99, lower, upper, error in rows:
+    for number, state, start, end, discarded, ratio, p99, lower, upper, _error in rows:
         during = _overlaps(start, end, hog_on, hog_off)
         verdict = "—"
         if state == "COMPLETE":
-            verdict = "met" if upper is not None and upper <= 7 else "missed" if lower is not None and lower > 7 else "uncertain"
+            verdict = (
+                "met"
+                if upper is not None and upper <= 7
+                else "missed"
+                if lower is not None and lower > 7
+                else "uncertain"
+            )
         elif state == "BUSY":
             verdict = "none (machine busy)"
-        print(f"| {number} | {'yes' if during else ''} | {state} | {discarded if discarded is not None else '—'} | "
-              f"{f'{ratio:.2f}' if ratio else '—'} | {f'{p99:.2f}' if p99 else '—'} | "
-              f"{f'{upper:.2f}' if upper else '—'} | {verdict} |")
+        print(
+            f"| {number} | {'yes' if during else ''} | {state} | {discarded if discarded is not None else '—'} | "
+            f"{f'{ratio:.2f}' if ratio else '—'} | {f'{p99:.2f}' if p99 else '—'} | "
+            f"{f'{upper:.2f}' if upper else '—'} | {verdict} |"
+        )
 
 
 def _overlaps(start: str | None, end: str | None, on: datetime | None, off: datetime | None) -> bool:

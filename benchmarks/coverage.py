@@ -68,10 +68,14 @@ def main() -> None:
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
     se = math.sqrt(args.confidence * (1 - args.confidence) / args.trials)
-    print(f"{args.trials} simulated measurements per model, {args.rounds} rounds x {args.calls} calls, "
-          f"bounds at {args.confidence:g} one-sided (binomial s.e. of a coverage near it: {se:.3f})\n")
-    print("| machine model | coverage, pooled order statistics | coverage, rounds bound | "
-          "median bound / true P99, pooled | median bound / true P99, rounds |")
+    print(
+        f"{args.trials} simulated measurements per model, {args.rounds} rounds x {args.calls} calls, "
+        f"bounds at {args.confidence:g} one-sided (binomial s.e. of a coverage near it: {se:.3f})\n"
+    )
+    print(
+        "| machine model | coverage, pooled order statistics | coverage, rounds bound | "
+        "median bound / true P99, pooled | median bound / true P99, rounds |"
+    )
     print("|---|---:|---:|---:|---:|")
     for name, draw in MODELS.items():
         truth = true_p99(draw, args.calls, rng)
@@ -84,8 +88,10 @@ def main() -> None:
             rounds_hits += both >= truth
             pooled_ratio.append(pooled / truth)
             rounds_ratio.append(both / truth)
-        print(f"| {name} | {pooled_hits / args.trials:.3f} | {rounds_hits / args.trials:.3f} | "
-              f"{np.median(pooled_ratio):.2f} | {np.median(rounds_ratio):.2f} |")
+        print(
+            f"| {name} | {pooled_hits / args.trials:.3f} | {rounds_hits / args.trials:.3f} | "
+            f"{np.median(pooled_ratio):.2f} | {np.median(rounds_ratio):.2f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -51,11 +51,15 @@ def main() -> None:
     for i in range(args.repeats):
         s = measure_latency(model, x, device="cpu", samples=662, warmup=50, threads=args.threads).summary
         p99s.append(s.p99_ms)
-        print(f"| {i + 1} | {s.p50_ms:.3f} | {s.p99_ms:.3f} | [{s.p99_lower_ms:.3f}, {s.p99_upper_ms:.3f}] | "
-              f"{s.p99_ms / p99s[0]:.2f} |")
+        print(
+            f"| {i + 1} | {s.p50_ms:.3f} | {s.p99_ms:.3f} | [{s.p99_lower_ms:.3f}, {s.p99_upper_ms:.3f}] | "
+            f"{s.p99_ms / p99s[0]:.2f} |"
+        )
     spread = (max(p99s) - min(p99s)) / statistics.median(p99s)
-    print(f"\np99 over {args.repeats} runs: min {min(p99s):.3f}, median {statistics.median(p99s):.3f}, "
-          f"max {max(p99s):.3f} ms; spread (max-min)/median = {spread:.0%}")
+    print(
+        f"\np99 over {args.repeats} runs: min {min(p99s):.3f}, median {statistics.median(p99s):.3f}, "
+        f"max {max(p99s):.3f} ms; spread (max-min)/median = {spread:.0%}"
+    )
 
 
 if __name__ == "__main__":

@@ -32,12 +32,23 @@ def main() -> None:
     print(f"pick: trial {pick['trial']} of study {pick['study']} ({confirmed}), SLO P99 <= {slo} ms\n")
     print("| run | p50 ms | p99 ms | p99 upper ms | verdict | p99 <= stored upper | rounds discarded |")
     print("|---|---:|---:|---:|---|---|---:|")
-    print(f"| stored | {stored['latency_p50_ms']:.3f} | {stored['latency_p99_ms']:.3f} | "
-          f"{stored['latency_p99_upper_ms']:.3f} | {pick['slo']['p99_verdict']} | — | {stored.get('discarded_rounds')} |")
+    print(
+        f"| stored | {stored['latency_p50_ms']:.3f} | {stored['latency_p99_ms']:.3f} | "
+        f"{stored['latency_p99_upper_ms']:.3f} | {pick['slo']['p99_verdict']} | — | {stored.get('discarded_rounds')} |"
+    )
     within = met = 0
     for i in range(args.repeats):
-        command = [sys.executable, "-c", "import sys, cli; sys.exit(cli.main())", "measure", "--study", pick["study"],
-                   "--trial", str(pick["trial"]), "--json"]
+        command = [
+            sys.executable,
+            "-c",
+            "import sys, cli; sys.exit(cli.main())",
+            "measure",
+            "--study",
+            pick["study"],
+            "--trial",
+            str(pick["trial"]),
+            "--json",
+        ]
         if args.slo_p99:
             command += ["--slo-p99", args.slo_p99]
         if args.db:
@@ -50,11 +61,15 @@ def main() -> None:
         holds = now["latency_p99_ms"] <= stored["latency_p99_upper_ms"]
         within += holds
         met += now.get("p99_verdict") == "met"
-        print(f"| re-measure {i + 1} | {now['latency_p50_ms']:.3f} | {now['latency_p99_ms']:.3f} | "
-              f"{now['latency_p99_upper_ms'] or float('inf'):.3f} | {now.get('p99_verdict')} | "
-              f"{'yes' if holds else 'no'} | {now.get('discarded_rounds')} |")
-    print(f"\n{within} of {args.repeats} re-measured P99s at or under the stored upper bound; "
-          f"{met} of {args.repeats} re-measurements meet the SLO on their own upper bound.")
+        print(
+            f"| re-measure {i + 1} | {now['latency_p50_ms']:.3f} | {now['latency_p99_ms']:.3f} | "
+            f"{now['latency_p99_upper_ms'] or float('inf'):.3f} | {now.get('p99_verdict')} | "
+            f"{'yes' if holds else 'no'} | {now.get('discarded_rounds')} |"
+        )
+    print(
+        f"\n{within} of {args.repeats} re-measured P99s at or under the stored upper bound; "
+        f"{met} of {args.repeats} re-measurements meet the SLO on their own upper bound."
+    )
 
 
 if __name__ == "__main__":

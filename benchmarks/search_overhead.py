@@ -10,6 +10,7 @@ time (sampler, database writes, Optuna bookkeeping), plus the gap between trials
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 
 import optuna
@@ -38,26 +39,39 @@ def main() -> None:
             wall = (ft.datetime_complete - ft.datetime_start).total_seconds()
             measuring = t.latency_s + t.accuracy_s
             compressing = t.compress_s + (t.compile_s or 0.0)  # compile time is stored apart from latency
-            rows.append((t.optuna_number, t.description, wall, t.latency_s, t.accuracy_s, compressing,
-                         wall - measuring - compressing))
+            rows.append(
+                (
+                    t.optuna_number,
+                    t.description,
+                    wall,
+                    t.latency_s,
+                    t.accuracy_s,
+                    compressing,
+                    wall - measuring - compressing,
+                )
+            )
     print("| trial | configuration | wall s | latency s | accuracy s | compress s | other s | measuring % |")
     print("|---:|---|---:|---:|---:|---:|---:|---:|")
     for n, desc, wall, lat, acc, comp, other in rows:
-        print(f"| {n} | {desc} | {wall:.2f} | {lat:.2f} | {acc:.3f} | {comp:.3f} | {other:.3f} | "
-              f"{(lat + acc) / wall:.0%} |")
+        print(
+            f"| {n} | {desc} | {wall:.2f} | {lat:.2f} | {acc:.3f} | {comp:.3f} | {other:.3f} | "
+            f"{(lat + acc) / wall:.0%} |"
+        )
     numbers = sorted(frozen)
     gaps = [
         (frozen[b].datetime_start - frozen[a].datetime_complete).total_seconds()
-        for a, b in zip(numbers, numbers[1:])
+        for a, b in itertools.pairwise(numbers)
         if frozen[a].datetime_complete and frozen[b].datetime_start
     ]
     total_wall = sum(r[2] for r in rows)
     total_measuring = sum(r[3] + r[4] for r in rows)
     print()
-    print(f"{len(rows)} measured trials: {total_wall:.1f} s in trials, {total_measuring:.1f} s measuring "
-          f"({total_measuring / total_wall:.0%}); median compress {statistics.median(r[5] for r in rows):.3f} s, "
-          f"median other {statistics.median(r[6] for r in rows):.3f} s; "
-          f"median gap between trials (sampler before the trial starts) {statistics.median(gaps) if gaps else 0:.3f} s")
+    print(
+        f"{len(rows)} measured trials: {total_wall:.1f} s in trials, {total_measuring:.1f} s measuring "
+        f"({total_measuring / total_wall:.0%}); median compress {statistics.median(r[5] for r in rows):.3f} s, "
+        f"median other {statistics.median(r[6] for r in rows):.3f} s; "
+        f"median gap between trials (sampler before the trial starts) {statistics.median(gaps) if gaps else 0:.3f} s"
+    )
 
 
 if __name__ == "__main__":

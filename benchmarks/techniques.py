@@ -67,13 +67,17 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=662)
     args = parser.parse_args()
     measure = Measure(device="cpu", threads=args.threads, samples=args.samples, warmup=50, hardware=None)
-    print(f"{datetime.date.today()} · {platform.processor() or platform.machine()} · torch {torch.__version__} · "
-          f"{args.threads} threads · {args.samples} timed calls per row")
+    print(
+        f"{datetime.date.today()} · {platform.processor() or platform.machine()} · torch {torch.__version__} · "
+        f"{args.threads} threads · {args.samples} timed calls per row"
+    )
     for name in args.task or ["demo"]:
         task = load_task(name)
         base_bytes = theoretical_bytes(task.model)
         print(f"\n### {name} (batch {task.batch_size})\n")
-        print("| configuration | compression (theory) | p50 ms | p99 ms | speedup p50 | speedup p99 | accuracy | Δ accuracy |")
+        print(
+            "| configuration | compression (theory) | p50 ms | p99 ms | speedup p50 | speedup p99 | accuracy | Δ accuracy |"
+        )
         print("|---|---:|---:|---:|---:|---:|---:|---:|")
         baseline = None
         for options in CONFIGS[name]:
@@ -83,16 +87,25 @@ def main() -> None:
                 print(f"| {config.describe()} | — | — | — | — | — | — | unavailable: {reason} |")
                 continue
             try:
-                m = assess(task, config, device="cpu", threads=args.threads, measure=measure,
-                           baseline_theoretical_bytes=base_bytes).metrics
+                m = assess(
+                    task,
+                    config,
+                    device="cpu",
+                    threads=args.threads,
+                    measure=measure,
+                    baseline_theoretical_bytes=base_bytes,
+                ).metrics
             except Exception as exc:  # report the failure in the table and carry on with the next row
                 print(f"| {config.describe()} | — | — | — | — | — | — | failed: {type(exc).__name__}: {exc} |")
                 continue
             baseline = baseline or m
-            print(f"| {config.describe()} | {m['compression_ratio']:.2f}× | {m['latency_p50_ms']:.3f} | "
-                  f"{m['latency_p99_ms']:.3f} | {baseline['latency_p50_ms'] / m['latency_p50_ms']:.2f}× | "
-                  f"{baseline['latency_p99_ms'] / m['latency_p99_ms']:.2f}× | {m['accuracy']:.4f} | "
-                  f"{m['accuracy'] - baseline['accuracy']:+.4f} |", flush=True)
+            print(
+                f"| {config.describe()} | {m['compression_ratio']:.2f}× | {m['latency_p50_ms']:.3f} | "
+                f"{m['latency_p99_ms']:.3f} | {baseline['latency_p50_ms'] / m['latency_p50_ms']:.2f}× | "
+                f"{baseline['latency_p99_ms'] / m['latency_p99_ms']:.2f}× | {m['accuracy']:.4f} | "
+                f"{m['accuracy'] - baseline['accuracy']:+.4f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

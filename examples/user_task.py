@@ -79,8 +79,10 @@ def _trained_model(x: torch.Tensor, y: torch.Tensor) -> nn.Module:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(SEED)
             model = nn.Sequential(
-                nn.Linear(x.shape[1], HIDDEN_WIDTH), nn.ReLU(),
-                nn.Linear(HIDDEN_WIDTH, HIDDEN_WIDTH), nn.ReLU(),
+                nn.Linear(x.shape[1], HIDDEN_WIDTH),
+                nn.ReLU(),
+                nn.Linear(HIDDEN_WIDTH, HIDDEN_WIDTH),
+                nn.ReLU(),
                 nn.Linear(HIDDEN_WIDTH, 2),
             )
             optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, weight_decay=1e-4)
@@ -95,5 +97,7 @@ def _trained_model(x: torch.Tensor, y: torch.Tensor) -> nn.Module:
 
 if __name__ == "__main__":
     task = make_task()
-    print(f"task {task.name!r}: accuracy {task.evaluate(task.model):.4f} on the validation split, "
-          f"served at batch {task.batch_size}, input {tuple(task.example_input(task.batch_size).shape)}")
+    print(
+        f"task {task.name!r}: accuracy {task.evaluate(task.model):.4f} on the validation split, "
+        f"served at batch {task.batch_size}, input {tuple(task.example_input(task.batch_size).shape)}"
+    )

@@ -6,11 +6,10 @@ torch; ``search`` runs the measurements (and imports torch and Optuna when calle
 
 from __future__ import annotations
 
-from pareto.task import AttentionShape, Task
-
 # imported after the submodules they share names with, so `pareto.frontier` is the function; the
 # search runs in `pareto._search`, whose name no public function shares
-from pareto.api import best, confirm, frontier, remeasure, search, studies  # noqa: E402  isort: skip
+from pareto.api import best, confirm, frontier, remeasure, search, studies
+from pareto.task import AttentionShape, Task
 
 __all__ = ["AttentionShape", "Task", "best", "confirm", "frontier", "remeasure", "search", "studies"]
 __version__ = "0.1.0"

@@ -89,7 +89,9 @@ def start_run(bench: Bench, *, kind: str, study_id: int | None) -> RunHandle:
         probe = None
         if bench.measure.contention_limit is not None:
             probe = ContentionProbe(
-                bench.device, threads=bench.threads, stored_quiet_ms=env.probe_quiet_ms,
+                bench.device,
+                threads=bench.threads,
+                stored_quiet_ms=env.probe_quiet_ms,
                 limit=bench.measure.contention_limit,
             )
             env.probe_quiet_ms = probe.quiet_ms
@@ -115,13 +117,13 @@ def finish_run(bench: Bench, run: RunHandle, **details: Any) -> None:
             row.details = {**(row.details or {}), **details}
 
 
-def store_measurement(
-    bench: Bench, run: RunHandle, trial_id: int, metrics: Metrics, *, kind: str
-) -> None:
+def store_measurement(bench: Bench, run: RunHandle, trial_id: int, metrics: Metrics, *, kind: str) -> None:
     """Keep one measurement of a trial's configuration, tagged with its run and environment."""
     with session_scope(bench.engine) as session:
         session.add(
-            Measurement(trial_id=trial_id, environment_id=bench.env_id, run_id=run.run_id, kind=kind, **metrics.to_dict())
+            Measurement(
+                trial_id=trial_id, environment_id=bench.env_id, run_id=run.run_id, kind=kind, **metrics.to_dict()
+            )
         )
 
 
@@ -132,8 +134,8 @@ def stored_metrics(bench: Bench, trial_id: int) -> Metrics | None:
             select(Measurement).where(Measurement.trial_id == trial_id).order_by(Measurement.id)
         ).all()
         here = [m for m in rows if m.environment_id == bench.env_id]
-        row = (here or list(rows) or [None])[-1]
-        return Metrics.from_row(row) if row is not None else None
+        chosen = here or list(rows)
+        return Metrics.from_row(chosen[-1]) if chosen else None
 
 
 def baseline_trial(bench: Bench, study_id: int, batch_size: int) -> int | None:
@@ -141,12 +143,14 @@ def baseline_trial(bench: Bench, study_id: int, batch_size: int) -> int | None:
     with session_scope(bench.engine) as session:
         rows = session.scalars(
             select(Trial)
-            .where(Trial.study_id == study_id, Trial.is_baseline, Trial.state == "COMPLETE", Trial.batch_size == batch_size)
+            .where(
+                Trial.study_id == study_id, Trial.is_baseline, Trial.state == "COMPLETE", Trial.batch_size == batch_size
+            )
             .order_by(Trial.id)
         ).all()
         here = [t for t in rows if t.environment_id == bench.env_id]
-        chosen = (here or list(rows) or [None])[0]
-        return chosen.id if chosen is not None else None
+        chosen = here or list(rows)
+        return chosen[0].id if chosen else None
 
 
 def guard_summary(results: list[LatencyResult]) -> str:

@@ -19,8 +19,16 @@ from optuna.trial import TrialState
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from pareto._runs import Bench, RunHandle, baseline_trial, finish_run, open_bench, start_run, store_measurement
-from pareto._runs import stored_metrics
+from pareto._runs import (
+    Bench,
+    RunHandle,
+    baseline_trial,
+    finish_run,
+    open_bench,
+    start_run,
+    store_measurement,
+    stored_metrics,
+)
 from pareto.assess import assess, build, check_input_fits, remeasured, round_plan
 from pareto.compress import Config, Technique, get_technique
 from pareto.confirmation import ConfirmResult, confirm_pick, load_candidates
@@ -193,7 +201,9 @@ def _time_baselines(setup: _Setup, run: RunHandle, study: optuna.Study, reporter
     A batch size without a baseline trial in this environment gets one, queued as the first trial;
     an existing baseline trial is timed again now and kept as this run's baseline measurement.
     """
-    waiting = {t.user_attrs.get("pareto_baseline") for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))}
+    waiting = {
+        t.user_attrs.get("pareto_baseline") for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    }
     queued = 0
     for batch_size in setup.batch_sizes:
         trial_id = _baseline_here(setup, batch_size)
@@ -217,9 +227,9 @@ def _baseline_here(setup: _Setup, batch_size: int) -> int | None:
         return None
     with session_scope(setup.bench.engine) as session:
         measured_here = session.scalar(
-            select(Measurement.id).where(
-                Measurement.trial_id == trial_id, Measurement.environment_id == setup.bench.env_id
-            ).limit(1)
+            select(Measurement.id)
+            .where(Measurement.trial_id == trial_id, Measurement.environment_id == setup.bench.env_id)
+            .limit(1)
         )
     return trial_id if measured_here is not None else None
 
@@ -232,19 +242,26 @@ def _retime_baseline(setup: _Setup, run: RunHandle, trial_id: int, batch_size: i
     assert stored is not None
     model, _, _ = build(bench.task, Config(batch_size=batch_size), bench.device)
     latency = measure_latency(
-        model, bench.task.example_input(batch_size), device=bench.device,
-        plan=round_plan(bench.measure, None), threads=bench.threads, probe=run.probe,
+        model,
+        bench.task.example_input(batch_size),
+        device=bench.device,
+        plan=round_plan(bench.measure, None),
+        threads=bench.threads,
+        probe=run.probe,
     )
     try:
         timed = remeasured(stored, latency)
     except MachineBusy as exc:
-        reporter.notice(f"The baseline @ batch {batch_size} could not be timed again ({exc}); "
-                        "this run's speedups use an earlier run's baseline.")
+        reporter.notice(
+            f"The baseline @ batch {batch_size} could not be timed again ({exc}); "
+            "this run's speedups use an earlier run's baseline."
+        )
         return
     store_measurement(bench, run, trial_id, timed, kind="baseline")
     reporter.notice(
         f"Baseline @ batch {batch_size} timed again for this run's speedups: p50 {timed.latency_p50_ms:.3g} ms, "
-        f"p99 {timed.latency_p99_ms:.3g} ms (first run: p50 {stored.latency_p50_ms:.3g} ms, p99 {stored.latency_p99_ms:.3g} ms)."
+        f"p99 {timed.latency_p99_ms:.3g} ms (first run: p50 {stored.latency_p50_ms:.3g} ms, "
+        f"p99 {stored.latency_p99_ms:.3g} ms)."
     )
 
 
@@ -267,19 +284,31 @@ def _optimize(
             return
         finished.append(outcome)
         if outcome.state == "COMPLETE":
-            seen.append(Candidate(setup.spec.study_name, outcome.number, {}, outcome.description, dict(outcome.metrics), {}))
+            seen.append(
+                Candidate(setup.spec.study_name, outcome.number, {}, outcome.description, dict(outcome.metrics), {})
+            )
         reporter.trial_done(outcome, _best_or_none(seen, setup.constraints, setup.spec.study_name))
         if outcome.state == "BUSY" and not _wait_for_quiet(run, reporter):
             busy_stop["stopped"] = True
             _study.stop()
 
     timeout = setup.spec.search.timeout / 1000 if setup.spec.search.timeout else None
-    reporter.start(study=setup.spec.study_name, task=setup.bench.task.name, n_trials=setup.spec.search.n_trials,
-                   timeout_s=timeout, stored=setup.stored)
+    reporter.start(
+        study=setup.spec.study_name,
+        task=setup.bench.task.name,
+        n_trials=setup.spec.search.n_trials,
+        timeout_s=timeout,
+        stored=setup.stored,
+    )
     try:
         with _StopOnInterrupt(study, reporter) as stop:
-            study.optimize(objective, n_trials=setup.spec.search.n_trials, timeout=timeout,
-                           catch=(TechniqueError, MachineBusy), callbacks=[on_trial, stop.after_trial])
+            study.optimize(
+                objective,
+                n_trials=setup.spec.search.n_trials,
+                timeout=timeout,
+                catch=(TechniqueError, MachineBusy),
+                callbacks=[on_trial, stop.after_trial],
+            )
         return finished, stop.requested, busy_stop["stopped"]
     except KeyboardInterrupt:
         return finished, True, busy_stop["stopped"]
@@ -289,7 +318,9 @@ def _wait_for_quiet(run: RunHandle, reporter: Reporter) -> bool:
     """After a busy trial: wait for the machine to quiet down; False when it stayed busy."""
     if run.probe is None:
         return True
-    reporter.notice(f"The machine is busy: waiting up to {BUSY_WAIT_S:.0f} s for it to quiet down before the next trial.")
+    reporter.notice(
+        f"The machine is busy: waiting up to {BUSY_WAIT_S:.0f} s for it to quiet down before the next trial."
+    )
     if run.probe.wait_for_quiet(BUSY_WAIT_S):
         reporter.notice("The machine is quiet again; the search goes on.")
         return True
@@ -309,8 +340,13 @@ def _confirm(setup: _Setup, run: RunHandle, reporter: Reporter) -> ConfirmResult
         reporter.notice("The machine is busy: no confirmation now; run 'pareto confirm' when it is quiet.")
         return None
     result = confirm_pick(
-        setup.bench, setup.study_id, lambda: load_candidates(setup.bench, setup.study_id, setup.bench.env_id),
-        setup.constraints, list(setup.spec.objectives), top=search.confirm_top, margin=search.confirm_margin,
+        setup.bench,
+        setup.study_id,
+        lambda: load_candidates(setup.bench, setup.study_id, setup.bench.env_id),
+        setup.constraints,
+        list(setup.spec.objectives),
+        top=search.confirm_top,
+        margin=search.confirm_margin,
         seed=search.seed,
     )
     reporter.confirmed(result)
@@ -393,9 +429,15 @@ class _Objective:
             return self._finish(trial, TrialOutcome(trial.number, "DUPLICATE", config.describe(), metrics))
         try:
             result = assess(
-                self.bench.task, config, device=self.bench.device, threads=self.bench.threads,
-                measure=self.setup.spec.measure, slo_ms=self.setup.spec.slo.p99_ms, profile=self.bench.profile,
-                baseline_theoretical_bytes=self.setup.baseline_theoretical_bytes, probe=self.run.probe,
+                self.bench.task,
+                config,
+                device=self.bench.device,
+                threads=self.bench.threads,
+                measure=self.setup.spec.measure,
+                slo_ms=self.setup.spec.slo.p99_ms,
+                profile=self.bench.profile,
+                baseline_theoretical_bytes=self.setup.baseline_theoretical_bytes,
+                probe=self.run.probe,
             )
         except BaseException as exc:
             self._end(row_id, trial, config, exc)
@@ -407,9 +449,14 @@ class _Objective:
         """Store the trial as RUNNING; when the same configuration was measured here, mark it a duplicate."""
         with session_scope(self.bench.engine) as session:
             row = Trial(
-                study_id=self.setup.study_id, optuna_number=trial.number, config=config.to_dict(),
-                config_key=config.key(), description=config.describe(), is_baseline=config.is_baseline,
-                batch_size=config.batch_size, environment_id=self.bench.env_id,
+                study_id=self.setup.study_id,
+                optuna_number=trial.number,
+                config=config.to_dict(),
+                config_key=config.key(),
+                description=config.describe(),
+                is_baseline=config.is_baseline,
+                batch_size=config.batch_size,
+                environment_id=self.bench.env_id,
             )
             session.add(row)
             session.flush()
@@ -449,7 +496,9 @@ class _Objective:
         for name, gap in constraint_gaps(outcome.metrics, self.setup.constraints).items():
             trial.set_constraint(name, gap)
         self.last = outcome
-        return tuple(_objective_value(outcome.metrics, metric) for metric, _ in objective_metrics(self.setup.spec.objectives))
+        return tuple(
+            _objective_value(outcome.metrics, metric) for metric, _ in objective_metrics(self.setup.spec.objectives)
+        )
 
 
 def suggest(trial: optuna.Trial, batch_sizes: list[int], techniques: dict[str, dict[str, Any]]) -> Config:

@@ -16,9 +16,6 @@ from typing import TYPE_CHECKING, Any
 from pareto.errors import UsageError
 from pareto.frontier import DEFAULT_OBJECTIVE_NAMES, Candidate, Constraints, judged, objective_metrics, select_best
 from pareto.frontier import frontier as _frontier
-from pareto.store import queries
-from pareto.store.engine import open_engine, require_schema, resolve_url, session_scope
-from pareto.store.models import Study
 from pareto.slo import (
     DEFAULT_CONFIDENCE,
     DEFAULT_CONTENTION_LIMIT,
@@ -27,6 +24,9 @@ from pareto.slo import (
     MIN_CONFIDENCE,
     MIN_SAMPLES_P99,
 )
+from pareto.store import queries
+from pareto.store.engine import open_engine, require_schema, resolve_url, session_scope
+from pareto.store.models import Study
 from pareto.units import parse_duration_ms, parse_size_bytes
 
 if TYPE_CHECKING:
@@ -280,11 +280,9 @@ def measure(
         over the baseline timed in the same rounds and, with an SLO, ``p99_verdict``.
 
     Raises:
-        UsageError: bad task, technique option, batch size or device; MachineBusy: the machine
-            stayed busy through the rounds.
+        UsageError: bad task, option, batch size or device; MachineBusy: the machine stayed busy.
     """
     from pareto.compress import Config
-    from pareto.spec import Measure
     from pareto.task import load_task
 
     p99_ms = _duration(slo_p99)
@@ -292,14 +290,32 @@ def measure(
         raise UsageError(f"Batch size must be at least 1, got {batch_size}.")
     chosen = tuple(parse_technique_option(option) for option in techniques)
     loaded = load_task(task)
-    settings = Measure(device=device, threads=threads, samples=samples, rounds=min(rounds, samples), warmup=warmup,
-                       confidence=confidence, contention_limit=contention_limit, throughput_sweep=sweep,
-                       hardware=hardware, adaptive_budget=adaptive_budget)
+    settings = _measure_settings(
+        device=device,
+        threads=threads,
+        samples=samples,
+        rounds=min(rounds, samples),
+        warmup=warmup,
+        confidence=confidence,
+        contention_limit=contention_limit,
+        throughput_sweep=sweep,
+        hardware=hardware,
+        adaptive_budget=adaptive_budget,
+    )
     config = Config(techniques=chosen, batch_size=batch_size or loaded.batch_size)
     return _measure_beside_baseline(loaded, config, settings, p99_ms, db)
 
 
-def _measure_beside_baseline(task: Any, config: Any, settings: Any, p99_ms: float | None, db: str | None) -> dict[str, Any]:
+def _measure_settings(**values: Any) -> Any:
+    """Measurement settings checked as a spec's are (durations such as "20s" parsed)."""
+    from pareto.spec import Measure
+
+    return Measure.model_validate(values)
+
+
+def _measure_beside_baseline(
+    task: Any, config: Any, settings: Any, p99_ms: float | None, db: str | None
+) -> dict[str, Any]:
     from pareto.assess import build, check_input_fits, complete, round_plan
     from pareto.compress import Config
     from pareto.measure.environment import environment_key
@@ -318,17 +334,28 @@ def _measure_beside_baseline(task: Any, config: Any, settings: Any, p99_ms: floa
     items = [Timed(model, task.example_input(config.batch_size))]
     if not config.is_baseline:
         items.append(Timed(base_model, task.example_input(config.batch_size)))
-    timed = measure_interleaved(items, device=bench["device"], plan=round_plan(settings, p99_ms),
-                                threads=bench["threads"], probe=bench["probe"])
-    common = dict(device=bench["device"], threads=bench["threads"], measure=settings, slo_ms=p99_ms,
-                  profile=bench["profile"], baseline_theoretical_bytes=theoretical_bytes(task.model))
+    timed = measure_interleaved(
+        items, device=bench["device"], plan=round_plan(settings, p99_ms), threads=bench["threads"], probe=bench["probe"]
+    )
+    common = dict(
+        device=bench["device"],
+        threads=bench["threads"],
+        measure=settings,
+        slo_ms=p99_ms,
+        profile=bench["profile"],
+        baseline_theoretical_bytes=theoretical_bytes(task.model),
+    )
     result = complete(task, config, model, timed[0], **common)
     baseline = result if config.is_baseline else complete(task, base_config, base_model, timed[1], **common)
     metrics = _with_speedups(result.metrics.to_dict(), baseline.metrics.to_dict(), p99_ms)
     metrics["compile_s"] = compile_s
     env = bench["fingerprint"]
-    return {"config": config.to_dict(), "metrics": metrics, "environment": {**env, "key": environment_key(env)},
-            "notes": result.notes + ([bench["note"]] if bench["note"] else [])}
+    return {
+        "config": config.to_dict(),
+        "metrics": metrics,
+        "environment": {**env, "key": environment_key(env)},
+        "notes": result.notes + ([bench["note"]] if bench["note"] else []),
+    }
 
 
 def _with_speedups(metrics: dict[str, Any], baseline: dict[str, Any], p99_ms: float | None) -> dict[str, Any]:
@@ -376,8 +403,14 @@ def _read_only_bench(task: Any, settings: Any, db: str | None) -> dict[str, Any]
     probe = None
     if settings.contention_limit is not None:
         probe = ContentionProbe(device, threads=threads, stored_quiet_ms=quiet, limit=settings.contention_limit)
-    return {"device": device, "threads": threads, "fingerprint": env, "profile": profile, "probe": probe,
-            "note": note or (missing if settings.hardware in {"auto", "host"} else None)}
+    return {
+        "device": device,
+        "threads": threads,
+        "fingerprint": env,
+        "profile": profile,
+        "probe": probe,
+        "note": note or (missing if settings.hardware in {"auto", "host"} else None),
+    }
 
 
 def remeasure(
@@ -418,14 +451,19 @@ def remeasure(
 
 
 def _remeasure(
-    url: str, task: Any, study_id: int, study: str, trial: tuple[int, int], stored: list[Candidate],
-    p99_ms: float | None, device: str | None,
+    url: str,
+    task: Any,
+    study_id: int,
+    study: str,
+    trial: tuple[int, int],
+    stored: list[Candidate],
+    p99_ms: float | None,
+    device: str | None,
 ) -> dict[str, Any]:
     """Time a stored trial (number, row id) and the baseline in interleaved rounds; store; compare."""
     from pareto._runs import baseline_trial, finish_run, open_bench, start_run, store_measurement, stored_metrics
     from pareto.assess import build, remeasured, round_plan
     from pareto.compress import Config
-    from pareto.frontier import p99_verdict
     from pareto.measure.latency import Timed, measure_interleaved
     from pareto.metrics import FIELD_NAMES, Metrics
 
@@ -439,25 +477,48 @@ def _remeasure(
     items = [Timed(build(task, config, bench.device)[0], task.example_input(config.batch_size))]
     if base_id is not None and base_id != trial_id:
         items.append(Timed(build(task, Config(batch_size=config.batch_size), bench.device)[0], items[0].inputs))
-    latencies = measure_interleaved(items, device=bench.device, plan=round_plan(settings, None), threads=bench.threads,
-                                    probe=run.probe)
+    latencies = measure_interleaved(
+        items, device=bench.device, plan=round_plan(settings, None), threads=bench.threads, probe=run.probe
+    )
     now = remeasured(Metrics(**{k: before.metrics[k] for k in FIELD_NAMES}), latencies[0])
     store_measurement(bench, run, trial_id, now, kind="remeasure")
-    base_now = now
-    if len(latencies) > 1 and base_id is not None:
-        base_stored = stored_metrics(bench, base_id)
-        assert base_stored is not None
-        base_now = remeasured(base_stored, latencies[1])
-        store_measurement(bench, run, base_id, base_now, kind="baseline")
+    base_now, notes = now, []
+    base_stored = stored_metrics(bench, base_id) if len(latencies) > 1 and base_id is not None else None
+    if base_stored is not None and base_id is not None:
+        if latencies[1].busy:
+            notes.append("The baseline's rounds were given up as busy: no speedups this time.")
+        else:
+            base_now = remeasured(base_stored, latencies[1])
+            store_measurement(bench, run, base_id, base_now, kind="baseline")
     finish_run(bench, run, remeasured=number)
+    if not here:
+        notes.append(
+            f"Trial {number} was measured in environment {before.environment['key']}, not this one "
+            f"({_key_of(bench.fingerprint)}): the figures are not strictly comparable."
+        )
+    return _remeasure_card(study, number, before, now, base_now, p99_ms, bench.fingerprint, notes)
+
+
+def _remeasure_card(
+    study: str,
+    number: int,
+    before: Candidate,
+    now: Any,
+    base_now: Any,
+    p99_ms: float | None,
+    fingerprint: dict[str, Any],
+    notes: list[str],
+) -> dict[str, Any]:
+    from pareto.frontier import p99_verdict
+
     metrics = _with_speedups(now.to_dict(), base_now.to_dict(), p99_ms)
+    if base_now is now:
+        metrics["speedup_p50"] = metrics["speedup_p99"] = metrics["accuracy_delta"] = None
     verdicts = {"stored": p99_verdict(before.metrics, p99_ms) if p99_ms else None, "now": metrics.get("p99_verdict")}
-    notes = [] if here else [f"Trial {number} was measured in environment {before.environment['key']}, not this one "
-                             f"({_key_of(bench.fingerprint)}): the figures are not strictly comparable."]
     return {
         "config": before.config,
         "metrics": metrics,
-        "environment": {**bench.fingerprint, "key": _key_of(bench.fingerprint)},
+        "environment": {**fingerprint, "key": _key_of(fingerprint)},
         "stored": {**before.metrics, "environment": before.environment, "confirmation": before.confirmation},
         "verdict": verdicts,
         "verdict_holds": verdicts["stored"] == verdicts["now"] if p99_ms else None,
@@ -504,9 +565,7 @@ def parse_technique_option(option: str) -> Any:
     for item in filter(None, (part.strip() for part in rest.split(","))):
         key, eq, value = item.partition("=")
         if not eq or not key.strip() or not value.strip():
-            raise UsageError(
-                f"Cannot read technique option {option!r}; write it like 'prune_structured:ratio=0.5'."
-            )
+            raise UsageError(f"Cannot read technique option {option!r}; write it like 'prune_structured:ratio=0.5'.")
         params[key.strip()] = _scalar(value.strip())
     return get_technique(name.strip(), params)
 
@@ -542,8 +601,9 @@ def _profile_for(hardware: str | None, db: str | None, env: dict[str, Any]) -> A
     return resolve_profile(hardware, fingerprint=env, calibration=calibration)[0]
 
 
-def calibrate(*, device: str = "auto", threads: int | None = None, seconds: float = 5.0,
-              db: str | None = None) -> dict[str, Any]:
+def calibrate(
+    *, device: str = "auto", threads: int | None = None, seconds: float = 5.0, db: str | None = None
+) -> dict[str, Any]:
     """Measure this machine's peak FLOP/s per dtype and its memory bandwidth; store them as its profile.
 
     Returns:
@@ -565,12 +625,14 @@ def calibrate(*, device: str = "auto", threads: int | None = None, seconds: floa
     env = fingerprint(resolved, used_threads)
     with session_scope(engine) as session:
         env_id = queries.environment_id(session, env)
-        session.add(HardwareCalibration(
-            environment_id=env_id,
-            peak_flops=dict(profile.peak_flops),
-            memory_bandwidth_bytes_per_s=profile.memory_bandwidth_bytes_per_s,
-            method=profile.method or "",
-        ))
+        session.add(
+            HardwareCalibration(
+                environment_id=env_id,
+                peak_flops=dict(profile.peak_flops),
+                memory_bandwidth_bytes_per_s=profile.memory_bandwidth_bytes_per_s,
+                method=profile.method or "",
+            )
+        )
     return {**profile.to_dict(), "environment": env}
 
 
@@ -591,7 +653,11 @@ def techniques(*, device: str = "auto", task: str | None = None) -> list[dict[st
 
 
 def roofline(
-    task: str = "demo", *, hardware: str | None = "auto", batch_size: int | None = None, device: str = "auto",
+    task: str = "demo",
+    *,
+    hardware: str | None = "auto",
+    batch_size: int | None = None,
+    device: str = "auto",
     db: str | None = None,
 ) -> dict[str, Any]:
     """Where each layer type of a model sits on the roofline: FLOPs, bytes, intensity, regime.
@@ -599,13 +665,13 @@ def roofline(
     Raises:
         UsageError: no profile could be found (name one, or run ``pareto calibrate``).
     """
+    import torch
+
     from pareto.measure.compute import compute_dtype, layer_costs
     from pareto.measure.environment import fingerprint
     from pareto.measure.latency import resolve_device
     from pareto.measure.roofline import layer_types
     from pareto.task import load_task
-
-    import torch
 
     resolved = resolve_device(device)
     # the environment `pareto calibrate` stored: same device, torch's default thread count
@@ -619,5 +685,11 @@ def roofline(
     if dtype not in profile.peak_flops:
         raise UsageError(f"Profile {profile.name!r} has no {dtype} peak; pick another with --hardware.")
     rows = layer_types(layer_costs(model, loaded.example_input(batch_size or loaded.batch_size)), profile, dtype)
-    return {"task": loaded.name, "batch_size": batch_size or loaded.batch_size, "dtype": dtype,
-            "hardware": profile.to_dict(), "ridge_flop_per_byte": profile.ridge_flop_per_byte(dtype), "layers": rows}
+    return {
+        "task": loaded.name,
+        "batch_size": batch_size or loaded.batch_size,
+        "dtype": dtype,
+        "hardware": profile.to_dict(),
+        "ridge_flop_per_byte": profile.ridge_flop_per_byte(dtype),
+        "layers": rows,
+    }

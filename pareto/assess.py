@@ -147,16 +147,30 @@ def assess(
     t1 = time.perf_counter()
     try:
         latency = measure_latency(
-            model, task.example_input(config.batch_size), device=device, plan=round_plan(measure, slo_ms),
-            threads=threads, probe=probe,
+            model,
+            task.example_input(config.batch_size),
+            device=device,
+            plan=round_plan(measure, slo_ms),
+            threads=threads,
+            probe=probe,
         )
     except UsageError:
         raise
     except Exception as exc:  # a compressed model that cannot run fails its trial, reason kept
         raise TechniqueError(f"{config.describe()} could not be measured: {type(exc).__name__}: {exc}") from exc
     latency_s = time.perf_counter() - t1
-    result = complete(task, config, model, latency, device=device, threads=threads, measure=measure, slo_ms=slo_ms,
-                      profile=profile, baseline_theoretical_bytes=baseline_theoretical_bytes)
+    result = complete(
+        task,
+        config,
+        model,
+        latency,
+        device=device,
+        threads=threads,
+        measure=measure,
+        slo_ms=slo_ms,
+        profile=profile,
+        baseline_theoretical_bytes=baseline_theoretical_bytes,
+    )
     result.compress_s, result.compile_s, result.latency_s = compress_s, compile_s, latency_s
     return result
 
@@ -220,18 +234,22 @@ def _other_axes(
         raise TechniqueError(f"{config.describe()} could not be measured: {type(exc).__name__}: {exc}") from exc
     if not math.isfinite(accuracy):
         raise TechniqueError(f"{config.describe()} made the task's metric {accuracy}")
-    return accuracy, {
-        "method": METHOD_SEPARATOR.join([memory.method, cost.method]),
-        "params_bytes": stored_bytes,
-        "theoretical_bytes": ideal_bytes,
-        "activation_bytes": memory.activation_bytes,
-        "kv_cache_bytes": memory.kv_cache_bytes,
-        "memory_bytes": memory.total_bytes,
-        "flops": cost.flops,
-        "bytes_moved": cost.bytes_moved,
-        "arithmetic_intensity": _finite_or_none(cost.arithmetic_intensity),
-        "dtype": dtype,
-    }, []
+    return (
+        accuracy,
+        {
+            "method": METHOD_SEPARATOR.join([memory.method, cost.method]),
+            "params_bytes": stored_bytes,
+            "theoretical_bytes": ideal_bytes,
+            "activation_bytes": memory.activation_bytes,
+            "kv_cache_bytes": memory.kv_cache_bytes,
+            "memory_bytes": memory.total_bytes,
+            "flops": cost.flops,
+            "bytes_moved": cost.bytes_moved,
+            "arithmetic_intensity": _finite_or_none(cost.arithmetic_intensity),
+            "dtype": dtype,
+        },
+        [],
+    )
 
 
 def _roofline(fields: dict[str, Any], profile: HardwareProfile, dtype: str, notes: list[str]) -> str | None:
@@ -259,8 +277,15 @@ def _roofline(fields: dict[str, Any], profile: HardwareProfile, dtype: str, note
 
 
 def _sweep(
-    fields: dict[str, Any], model: nn.Module, task: Task, config: Config, *, device: str, threads: int,
-    measure: Measure, slo_ms: float | None,
+    fields: dict[str, Any],
+    model: nn.Module,
+    task: Task,
+    config: Config,
+    *,
+    device: str,
+    threads: int,
+    measure: Measure,
+    slo_ms: float | None,
 ) -> None:
     from pareto.measure.throughput import default_batch_sweep, throughput_curve
 

@@ -123,7 +123,9 @@ def confirm(
         name, env_key = study.name, env.key
         trial_ids = {
             t.optuna_number: t.id
-            for t in session.query(Trial).filter(Trial.study_id == study_id, Trial.optuna_number.in_([p.trial for p in picks]))
+            for t in session.query(Trial).filter(
+                Trial.study_id == study_id, Trial.optuna_number.in_([p.trial for p in picks])
+            )
         }
     result = ConfirmResult(study=name, run=None, environment=env_key)
     if not picks:
@@ -133,14 +135,18 @@ def confirm(
     run = start_run(bench, kind="confirm", study_id=study_id)
     result.run, result.runs = run.run_id, [run.run_id]
     items = []
-    for trial_id, _, stored, config in entries:
+    for trial_id, _, _, config in entries:
         model, _, _ = build(bench.task, config, bench.device)
         items.append(Timed(model, bench.task.example_input(config.batch_size), label=str(trial_id)))
     latencies = measure_interleaved(
-        items, device=bench.device, plan=round_plan(bench.measure, constraints.p99_ms), threads=bench.threads,
-        probe=run.probe, seed=seed,
+        items,
+        device=bench.device,
+        plan=round_plan(bench.measure, constraints.p99_ms),
+        threads=bench.threads,
+        probe=run.probe,
+        seed=seed,
     )
-    for (trial_id, pick, stored, config), latency in zip(entries, latencies):
+    for (trial_id, pick, stored, config), latency in zip(entries, latencies, strict=True):
         result.items.append(_record(bench, run, trial_id, pick, stored, config, latency, constraints))
     result.guard = guard_summary(latencies)
     finish_run(bench, run, confirmed=[i.trial for i in result.items if i.after is not None])
@@ -166,8 +172,14 @@ def _entries(
 
 
 def _record(
-    bench: Bench, run: RunHandle, trial_id: int, pick: Candidate | None, stored: Metrics, config: Config,
-    latency: Any, constraints: Constraints,
+    bench: Bench,
+    run: RunHandle,
+    trial_id: int,
+    pick: Candidate | None,
+    stored: Metrics,
+    config: Config,
+    latency: Any,
+    constraints: Constraints,
 ) -> ConfirmedItem:
     from pareto.assess import remeasured
 
@@ -177,8 +189,9 @@ def _record(
         row = session.get(Trial, trial_id)
         assert row is not None
         number, description = row.optuna_number, row.description
-    item = ConfirmedItem(number, description, pick is None or config.is_baseline, _latency_view(before), None,
-                         verdict_before, None)
+    item = ConfirmedItem(
+        number, description, pick is None or config.is_baseline, _latency_view(before), None, verdict_before, None
+    )
     try:
         confirmed = remeasured(stored, latency)
     except MachineBusy as exc:
@@ -192,8 +205,16 @@ def _record(
 
 
 def _latency_view(metrics: dict[str, Any]) -> dict[str, Any]:
-    keys = ("latency_p50_ms", "latency_p99_ms", "latency_p99_lower_ms", "latency_p99_upper_ms", "samples", "rounds",
-            "discarded_rounds", "confidence")
+    keys = (
+        "latency_p50_ms",
+        "latency_p99_ms",
+        "latency_p99_lower_ms",
+        "latency_p99_upper_ms",
+        "samples",
+        "rounds",
+        "discarded_rounds",
+        "confidence",
+    )
     return {k: metrics.get(k) for k in keys}
 
 
@@ -214,8 +235,9 @@ def confirm_pick(
     Args:
         load: Returns the study's candidates in the environment compared in, freshly from the store.
     """
-    result = confirm(bench, study_id, choose(load(), constraints, objectives, top=top, margin=margin), constraints,
-                     seed=seed)
+    result = confirm(
+        bench, study_id, choose(load(), constraints, objectives, top=top, margin=margin), constraints, seed=seed
+    )
     tried = {item.trial for item in result.items}
     for _ in range(EXTRA_PASSES):
         try:
@@ -241,8 +263,15 @@ def confirm_study(
         env = queries.choose_environment(session, study, environment or _here(session, study, bench))
         objectives = study.spec.get("objectives") or list(DEFAULT_OBJECTIVE_NAMES)
         study_id, env_id = study.id, env.id if env is not None else None
-    return confirm_pick(bench, study_id, lambda: load_candidates(bench, study_id, env_id), constraints, objectives,
-                        top=top, margin=margin)
+    return confirm_pick(
+        bench,
+        study_id,
+        lambda: load_candidates(bench, study_id, env_id),
+        constraints,
+        objectives,
+        top=top,
+        margin=margin,
+    )
 
 
 def load_candidates(bench: Bench, study_id: int, env_id: int | None) -> list[Candidate]:

@@ -133,7 +133,7 @@ def non_dominated(points: Sequence[Sequence[float]], maximize: Sequence[bool]) -
     front = []
     for i, a in enumerate(scored):
         dominated = any(
-            all(bj >= aj for aj, bj in zip(a, b)) and any(bj > aj for aj, bj in zip(a, b))
+            all(bj >= aj for aj, bj in zip(a, b, strict=True)) and any(bj > aj for aj, bj in zip(a, b, strict=True))
             for j, b in enumerate(scored)
             if j != i
         )
@@ -153,7 +153,7 @@ def objective_value(metrics: dict[str, Any], metric: str) -> float | None:
     if metric == "memory_bytes":
         return float(memory_bytes(metrics))
     value = metrics.get(metric)
-    return float(value) if _finite(value) else None
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
 def frontier(

@@ -21,16 +21,26 @@ if TYPE_CHECKING:
     from pareto.confirmation import ConfirmResult
     from pareto.frontier import Candidate
 
+
 def _ratio(value: float | None) -> str:
     return "—" if value is None else f"{value:.2f}×"
 
 
 #: Frontier columns, most important first; a narrow terminal shows as many as fit, in this order.
 _COLUMNS: list[tuple[str, str, int]] = [  # (name, justify, priority: lower shows first)
-    ("trial", "right", 0), ("configuration", "left", 0), ("batch", "right", 3), ("accuracy", "right", 0),
-    ("p50", "right", 2), ("p99", "right", 2), ("p99 ≤", "right", 0), ("throughput/s", "right", 3),
-    ("memory", "right", 2), ("params", "right", 3),
-    ("compression", "right", 1), ("speedup p99", "right", 1), ("SLO", "left", 0),
+    ("trial", "right", 0),
+    ("configuration", "left", 0),
+    ("batch", "right", 3),
+    ("accuracy", "right", 0),
+    ("p50", "right", 2),
+    ("p99", "right", 2),
+    ("p99 ≤", "right", 0),
+    ("throughput/s", "right", 3),
+    ("memory", "right", 2),
+    ("params", "right", 3),
+    ("compression", "right", 1),
+    ("speedup p99", "right", 1),
+    ("SLO", "left", 0),
 ]
 
 
@@ -54,7 +64,7 @@ def frontier_table(
             mark, style = "uncertain", "yellow"  # too few samples to say; not a miss
         if r.get("confirmation"):
             mark += " ✓"  # confirmed in interleaved rounds with the baseline
-        cells = {
+        cells: dict[str, str | Text] = {
             "trial": str(r["trial"]),
             "configuration": _describe(r, with_batch=max_priority < 3),
             "batch": str(m["batch_size"]),
@@ -90,13 +100,21 @@ def best_card(pick: dict[str, Any]) -> Panel:
     grid.add_row("accuracy", _accuracy(m))
     delta = m.get("accuracy_delta")
     if slo.get("min_accuracy") is None and delta is not None and delta < -0.01:
-        grid.add_row("", Text(f"warning: {-delta:.4f} below the baseline and no accuracy floor was set; "
-                              "pass --min-accuracy to bound the loss", style="yellow"))
+        grid.add_row(
+            "",
+            Text(
+                f"warning: {-delta:.4f} below the baseline and no accuracy floor was set; "
+                "pass --min-accuracy to bound the loss",
+                style="yellow",
+            ),
+        )
     grid.add_row("latency p99", _p99_text(m))
     grid.add_row("latency p50 / p90", f"{format_ms(m['latency_p50_ms'])} / {format_ms(m['latency_p90_ms'])}")
     grid.add_row("p99 / p50", f"{m['p99_p50_ratio']:.2f}")
     grid.add_row("throughput", f"{m['throughput_per_s']:,.0f} samples/s at batch {m['batch_size']}")
-    grid.add_row("parameters", f"{format_bytes(m['params_bytes'])} stored, {format_bytes(m['theoretical_bytes'])} ideal")
+    grid.add_row(
+        "parameters", f"{format_bytes(m['params_bytes'])} stored, {format_bytes(m['theoretical_bytes'])} ideal"
+    )
     axes_rows(grid, m)
     grid.add_row(
         "compression / speedup",
@@ -133,8 +151,10 @@ def _bound_words(m: dict[str, Any]) -> str:
 
 def _confirmation_text(confirmation: dict[str, Any] | None) -> Text:
     if not confirmation:
-        return Text("no: measured once, during the search; run 'pareto confirm' to re-measure it with the baseline",
-                    style="yellow")
+        return Text(
+            "no: measured once, during the search; run 'pareto confirm' to re-measure it with the baseline",
+            style="yellow",
+        )
     when = str(confirmation.get("confirmed_at", ""))[:16].replace("T", " ")
     discarded = confirmation.get("discarded_rounds") or 0
     return Text(
@@ -206,7 +226,9 @@ class ProgressReporter:
     def start(self, *, study: str, task: str, n_trials: int, timeout_s: float | None, stored: int) -> None:
         self.total, self.timeout_s, self.started = n_trials, timeout_s, time.monotonic()
         resumed = f", continuing after {stored} stored trial{'s' if stored != 1 else ''}" if stored else ""
-        self._print(f"Study [bold]{study}[/] on task [bold]{task}[/]: {n_trials} trial{'s' if n_trials != 1 else ''}{resumed}.")
+        self._print(
+            f"Study [bold]{study}[/] on task [bold]{task}[/]: {n_trials} trial{'s' if n_trials != 1 else ''}{resumed}."
+        )
         self.task_id = self.progress.add_task(study, total=n_trials, left="")
 
     def notice(self, message: str) -> None:
@@ -214,7 +236,6 @@ class ProgressReporter:
 
     def trial_done(self, outcome: TrialOutcome, best: Candidate | None) -> None:
         self.done += 1
-        m = outcome.metrics
         self._print(_trial_line(outcome))
         if best is not None:
             bm = best.metrics
@@ -232,9 +253,12 @@ class ProgressReporter:
 
     def confirmed(self, result: ConfirmResult) -> None:
         kept = [i for i in result.items if i.after is not None]
-        self._print(f"Confirmed {len(kept)} of {len(result.items)} configurations (the baseline included) in "
-                    f"interleaved rounds; {escape(result.guard)}." if result.items else
-                    f"[yellow]Confirmation: {escape(result.note or 'nothing to confirm')}.[/]")
+        self._print(
+            f"Confirmed {len(kept)} of {len(result.items)} configurations (the baseline included) in "
+            f"interleaved rounds; {escape(result.guard)}."
+            if result.items
+            else f"[yellow]Confirmation: {escape(result.note or 'nothing to confirm')}.[/]"
+        )
 
     def _print(self, message: str) -> None:
         if self.enabled:
@@ -247,7 +271,9 @@ def _trial_line(outcome: TrialOutcome) -> str:
     if outcome.state == "FAILED":
         return head + f"[red]failed[/]  {escape(outcome.description)}: {escape(outcome.error or '')}"
     if outcome.state == "BUSY":
-        return head + f"[yellow]machine busy[/]  {escape(outcome.description)}: {escape(outcome.error or '')}; no verdict"
+        return (
+            head + f"[yellow]machine busy[/]  {escape(outcome.description)}: {escape(outcome.error or '')}; no verdict"
+        )
     m = outcome.metrics
     line = (
         f"{head}{escape(outcome.description):<58}  acc {m['accuracy']:.4f}  "
@@ -265,21 +291,35 @@ def confirmation_table(result: dict[str, Any]) -> Table | Text:
     """Each confirmed configuration's P99 before and after, with the verdicts."""
     if not result["items"]:
         return Text(f"Confirmation: {result.get('note') or 'nothing to confirm'}.", style="yellow")
-    table = Table(title=f"Confirmation of study {result['study']!r}: interleaved rounds with the baseline, "
-                        "random order each round", title_justify="left")
-    for name, justify in (("trial", "right"), ("configuration", "left"), ("p99 before", "right"),
-                          ("p99 ≤ before", "right"), ("p99 now", "right"), ("p99 ≤ now", "right"),
-                          ("verdict before → now", "left")):
+    table = Table(
+        title=f"Confirmation of study {result['study']!r}: interleaved rounds with the baseline, "
+        "random order each round",
+        title_justify="left",
+    )
+    for name, justify in (
+        ("trial", "right"),
+        ("configuration", "left"),
+        ("p99 before", "right"),
+        ("p99 ≤ before", "right"),
+        ("p99 now", "right"),
+        ("p99 ≤ now", "right"),
+        ("verdict before → now", "left"),
+    ):
         table.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
     for item in result["items"]:
         before, after = item["before"], item["after"] or {}
         verdict = f"{item['verdict_before'] or '—'} → {item['verdict_after'] or '—'}"
         if item.get("busy_reason"):
             verdict = f"not confirmed: {item['busy_reason']}"
-        table.add_row(str(item["trial"]), escape(item["description"]), format_ms(before.get("latency_p99_ms")),
-                      format_ms(before.get("latency_p99_upper_ms")), format_ms(after.get("latency_p99_ms")),
-                      format_ms(after.get("latency_p99_upper_ms")),
-                      Text(verdict, style=_verdict_style(item.get("verdict_after"))))
+        table.add_row(
+            str(item["trial"]),
+            escape(item["description"]),
+            format_ms(before.get("latency_p99_ms")),
+            format_ms(before.get("latency_p99_upper_ms")),
+            format_ms(after.get("latency_p99_ms")),
+            format_ms(after.get("latency_p99_upper_ms")),
+            Text(verdict, style=_verdict_style(item.get("verdict_after"))),
+        )
     table.caption = f"{result['guard']}. Environment {result['environment']['key']}."
     return table
 
@@ -299,8 +339,11 @@ def remeasure_card(card: dict[str, Any]) -> Panel:
     grid.add_row("p99 stored", _p99_text(stored))
     grid.add_row("p99 now", _p99_text(m))
     grid.add_row("p50 stored / now", f"{format_ms(stored['latency_p50_ms'])} / {format_ms(m['latency_p50_ms'])}")
-    grid.add_row("speedup now", f"{_ratio(m.get('speedup_p50'))} p50, {_ratio(m.get('speedup_p99'))} p99 over the "
-                                "baseline timed in the same rounds")
+    grid.add_row(
+        "speedup now",
+        f"{_ratio(m.get('speedup_p50'))} p50, {_ratio(m.get('speedup_p99'))} p99 over the "
+        "baseline timed in the same rounds",
+    )
     verdict = card["verdict"]
     if m.get("slo_p99_ms") is not None:
         holds = card["verdict_holds"]
@@ -313,7 +356,7 @@ def remeasure_card(card: dict[str, Any]) -> Panel:
 
 
 def _clock(seconds: float) -> str:
-    seconds = int(round(seconds))
+    seconds = round(seconds)
     return f"{seconds // 60}:{seconds % 60:02d}"
 
 
@@ -343,10 +386,15 @@ def axes_rows(grid: Table, m: dict[str, Any]) -> None:
             f"intensity {'—' if intensity is None else f'{intensity:.1f}'} FLOP/byte",
         )
     if m.get("roofline_bound_ms") is not None and m.get("roofline_suspect"):
-        grid.add_row("roofline", Text(
-            f"not shown: the measured p50 ({format_ms(m['latency_p50_ms'])}) beat the bound of profile "
-            f"{m['hardware_profile']} ({format_ms(m['roofline_bound_ms'])}), so its ceilings are wrong; "
-            "run 'pareto calibrate' again (or name a datasheet profile with --hardware)", style="yellow"))
+        grid.add_row(
+            "roofline",
+            Text(
+                f"not shown: the measured p50 ({format_ms(m['latency_p50_ms'])}) beat the bound of profile "
+                f"{m['hardware_profile']} ({format_ms(m['roofline_bound_ms'])}), so its ceilings are wrong; "
+                "run 'pareto calibrate' again (or name a datasheet profile with --hardware)",
+                style="yellow",
+            ),
+        )
     elif m.get("roofline_bound_ms") is not None:
         fraction = m["achieved_fraction"]
         gap = f", the measured p50 is {1 / fraction:,.3g}× that bound" if fraction else ""
@@ -356,8 +404,11 @@ def axes_rows(grid: Table, m: dict[str, Any]) -> None:
     if m.get("throughput_curve"):
         curve = ", ".join(f"B={p['batch']}: {p['throughput_per_s']:,.0f}/s" for p in m["throughput_curve"])
         grid.add_row("throughput curve", curve)
-        grid.add_row("", f"saturates at batch {m.get('saturation_batch')}; largest batch meeting the SLO: "
-                         f"{m.get('max_batch_within_slo') or '—'}")
+        grid.add_row(
+            "",
+            f"saturates at batch {m.get('saturation_batch')}; largest batch meeting the SLO: "
+            f"{m.get('max_batch_within_slo') or '—'}",
+        )
 
 
 def measure_card(card: dict[str, Any]) -> Panel:
@@ -377,7 +428,9 @@ def measure_card(card: dict[str, Any]) -> Panel:
         style = {"met": "green", "missed": "red"}.get(m["p99_verdict"], "yellow")
         grid.add_row("SLO", Text(f"P99 ≤ {format_ms(m['slo_p99_ms'])}: {m['p99_verdict']}", style=style))
     grid.add_row("throughput", f"{m['throughput_per_s']:,.0f} samples/s at batch {m['batch_size']}")
-    grid.add_row("parameters", f"{format_bytes(m['params_bytes'])} stored, {format_bytes(m['theoretical_bytes'])} ideal")
+    grid.add_row(
+        "parameters", f"{format_bytes(m['params_bytes'])} stored, {format_bytes(m['theoretical_bytes'])} ideal"
+    )
     axes_rows(grid, m)
     grid.add_row(
         "ratio vs speedup",
@@ -413,16 +466,22 @@ def roofline_table(result: dict[str, Any]) -> Table:
     """`pareto roofline`: each layer type's intensity against the ridge, and what can pay off."""
     hw = result["hardware"]
     table = Table(
-        title=f"Roofline of task {result['task']!r} at batch {result['batch_size']} ({result['dtype']}) on {hw['name']}: "
-              f"ridge {result['ridge_flop_per_byte']:.1f} FLOP/byte",
+        title=f"Roofline of task {result['task']!r} at batch {result['batch_size']} ({result['dtype']}) "
+        f"on {hw['name']}: ridge {result['ridge_flop_per_byte']:.1f} FLOP/byte",
         title_justify="left",
     )
     for name in ("layer type", "layers", "FLOP", "bytes moved", "FLOP/byte", "regime", "what can pay off"):
         table.add_column(name, justify="right" if name in {"layers", "FLOP", "bytes moved", "FLOP/byte"} else "left")
     for r in result["layers"]:
-        table.add_row(r["type"], str(r["layers"]), _flops(r["flops"]), format_bytes(r["bytes_moved"]),
-                      f"{r['arithmetic_intensity']:.1f}",
-                      Text(r["regime"], style="cyan" if r["regime"] == "memory-bound" else "magenta"), r["pays_off"])
+        table.add_row(
+            r["type"],
+            str(r["layers"]),
+            _flops(r["flops"]),
+            format_bytes(r["bytes_moved"]),
+            f"{r['arithmetic_intensity']:.1f}",
+            Text(r["regime"], style="cyan" if r["regime"] == "memory-bound" else "magenta"),
+            r["pays_off"],
+        )
     table.caption = "Bytes count each layer's weights once plus its activations in and out (as if through memory)."
     return table
 
@@ -435,4 +494,7 @@ def _latency_method(m: dict[str, Any]) -> str:
 
 
 def _environment(env: dict[str, Any]) -> str:
-    return f"{env['device']} · {env['device_name']} · torch {env['torch_version']} · {env['threads']} threads · {env['hostname']}"
+    return (
+        f"{env['device']} · {env['device_name']} · torch {env['torch_version']} · {env['threads']} threads · "
+        f"{env['hostname']}"
+    )

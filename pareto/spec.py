@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import os
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -181,7 +181,9 @@ class SearchSpec(_Strict):
     task: str = "demo"
     study: str | None = None
     scenario: Scenario | None = None
-    objectives: list[ObjectiveName] = Field(default_factory=lambda: list(DEFAULT_OBJECTIVE_NAMES))
+    objectives: list[ObjectiveName] = Field(
+        default_factory=lambda: cast("list[ObjectiveName]", list(DEFAULT_OBJECTIVE_NAMES))
+    )
     slo: SLO = SLO()
     budget: Budget = Budget()
     search: Search = Search()

@@ -84,9 +84,7 @@ def load_task(ref: str) -> Task:
     target = BUILTIN_TASKS.get(ref, ref)
     if ":" not in target:
         known = ", ".join(sorted(BUILTIN_TASKS))
-        raise TaskError(
-            f"Unknown task {ref!r}: use a built-in task ({known}) or 'package.module:factory'."
-        )
+        raise TaskError(f"Unknown task {ref!r}: use a built-in task ({known}) or 'package.module:factory'.")
     module_name, _, attr = target.partition(":")
     if os.getcwd() not in sys.path and "" not in sys.path:
         # `pareto search --task mymodule:make_task` finds modules beside the user, as `python -m` would

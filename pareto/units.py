@@ -75,7 +75,7 @@ def parse_size_bytes(text: str | float | int) -> int:
         raise UsageError(f"Unknown size unit {unit!r} in {text!r}; write it like {example}.")
     if not value > 0:
         raise UsageError(f"Size {text!r} must be positive; write it like {example}.")
-    return int(round(value * factor))
+    return round(value * factor)
 
 
 _RATE = re.compile(rf"^\s*{_NUMBER}\s*(?:samples?|items?|queries|q)?\s*(/\s*s|/\s*sec|per\s+s(?:econd)?|qps)\s*$", re.I)

@@ -19,7 +19,11 @@ def pareto(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subproce
     full_env.pop("PARETO_DB_URL", None)
     return subprocess.run(
         [sys.executable, "-c", "import sys, cli; sys.exit(cli.main())", *args],
-        cwd=cwd, env=full_env, capture_output=True, text=True, timeout=300,
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
@@ -34,8 +38,24 @@ def one_sentence(proc: subprocess.CompletedProcess[str]) -> str:
 def searched(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder whose ./pareto.db holds a short search of the tiny task."""
     cwd = tmp_path_factory.mktemp("cli")
-    proc = pareto("search", "--task", TINY, "--study", "tiny", "--slo-p99", "1s", "--n-trials", "3",
-                  "--threads", "1", "--warmup", "5", "--device", "cpu", cwd=cwd)
+    proc = pareto(
+        "search",
+        "--task",
+        TINY,
+        "--study",
+        "tiny",
+        "--slo-p99",
+        "1s",
+        "--n-trials",
+        "3",
+        "--threads",
+        "1",
+        "--warmup",
+        "5",
+        "--device",
+        "cpu",
+        cwd=cwd,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "Pareto frontier" in proc.stdout and "Best configuration" in proc.stdout
     return cwd
@@ -80,8 +100,13 @@ def test_best_does_not_import_torch(searched: Path) -> None:
         "assert not heavy, f'a query imported {heavy}'\n"
         "sys.exit(rc)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], cwd=searched, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=searched,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert proc.returncode == 0, proc.stderr
 
 
@@ -153,9 +178,29 @@ def test_ctrl_c_stops_cleanly_and_keeps_what_was_measured(tmp_path: Path) -> Non
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("PARETO_DB_URL", None)
     proc = subprocess.Popen(
-        [sys.executable, "-c", "import sys, cli; sys.exit(cli.main())", "search", "--task", TINY, "--study", "c",
-         "--n-trials", "500", "--threads", "1", "--device", "cpu", "--slo-p99", "1s"],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            "import sys, cli; sys.exit(cli.main())",
+            "search",
+            "--task",
+            TINY,
+            "--study",
+            "c",
+            "--n-trials",
+            "500",
+            "--threads",
+            "1",
+            "--device",
+            "cpu",
+            "--slo-p99",
+            "1s",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     db = tmp_path / "pareto.db"
     deadline = time.monotonic() + 240
@@ -181,3 +226,13 @@ def test_ctrl_c_stops_cleanly_and_keeps_what_was_measured(tmp_path: Path) -> Non
     assert states.get("COMPLETE", 0) >= complete
     assert states.get("RUNNING", 0) == 0  # the trial in progress is closed, not left dangling
     assert pareto("best", "--json", cwd=tmp_path).returncode == 0
+
+
+def test_the_command_tree_installs_inside_the_package() -> None:
+    """No top-level ``cli`` module in site-packages: the entry point is pareto._cli.cli, a link to cli.py."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert project["project"]["scripts"]["pareto"] == "pareto._cli.cli:main"
+    assert "py-modules" not in project["tool"]["setuptools"]
+    assert (ROOT / "pareto" / "_cli" / "cli.py").samefile(ROOT / "cli.py")

@@ -22,16 +22,46 @@ def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
 
 
 def test_measure_json_has_every_axis(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run(capsys, "measure", "--task", TINY, "--technique", "prune_structured:ratio=0.5",
-                         "--technique", "int8_dynamic", "--slo-p99", "1s", "--hardware", "a100-40gb", "--json", *FAST)
+    code, out, err = run(
+        capsys,
+        "measure",
+        "--task",
+        TINY,
+        "--technique",
+        "prune_structured:ratio=0.5",
+        "--technique",
+        "int8_dynamic",
+        "--slo-p99",
+        "1s",
+        "--hardware",
+        "a100-40gb",
+        "--json",
+        *FAST,
+    )
     assert code == 0, err
     card = json.loads(out)
     assert set(card) == {"config", "metrics", "environment"}
     m = card["metrics"]
-    for key in ("latency_p50_ms", "latency_p99_ms", "latency_p99_lower_ms", "latency_p99_upper_ms", "p99_p50_ratio",
-                "samples", "params_bytes", "activation_bytes", "kv_cache_bytes", "flops", "bytes_moved",
-                "arithmetic_intensity", "roofline_bound_ms", "regime", "throughput_per_s", "compression_ratio",
-                "speedup_p50", "speedup_p99"):
+    for key in (
+        "latency_p50_ms",
+        "latency_p99_ms",
+        "latency_p99_lower_ms",
+        "latency_p99_upper_ms",
+        "p99_p50_ratio",
+        "samples",
+        "params_bytes",
+        "activation_bytes",
+        "kv_cache_bytes",
+        "flops",
+        "bytes_moved",
+        "arithmetic_intensity",
+        "roofline_bound_ms",
+        "regime",
+        "throughput_per_s",
+        "compression_ratio",
+        "speedup_p50",
+        "speedup_p99",
+    ):
         assert key in m, key
     assert m["flops"] > 0 and m["bytes_moved"] > 0 and m["regime"] in {"memory-bound", "compute-bound"}
     assert m["compression_ratio"] > 4  # half the hidden units and int8 weights
@@ -59,7 +89,7 @@ def test_measure_card_and_sweep(capsys: pytest.CaptureFixture[str]) -> None:
     ],
 )
 def test_measure_bad_input(capsys: pytest.CaptureFixture[str], args: list[str], phrase: str) -> None:
-    code, out, err = run(capsys, "measure", "--task", TINY, *args, *FAST)
+    code, _out, err = run(capsys, "measure", "--task", TINY, *args, *FAST)
     assert code == 2
     assert phrase in err and "Traceback" not in err
     assert len([line for line in err.splitlines() if line.strip()]) == 1
@@ -76,7 +106,9 @@ def test_hardware_json_ridges(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_calibrate_then_host_roofline(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path}/p.db"
-    code, out, err = run(capsys, "calibrate", "--device", "cpu", "--threads", "1", "--seconds", "1", "--db", db, "--json")
+    code, out, err = run(
+        capsys, "calibrate", "--device", "cpu", "--threads", "1", "--seconds", "1", "--db", db, "--json"
+    )
     assert code == 0, err
     profile = json.loads(out)
     assert profile["peak_flops"]["fp32"] > 0 and profile["memory_bandwidth_bytes_per_s"] > 0
@@ -86,8 +118,18 @@ def test_calibrate_then_host_roofline(capsys: pytest.CaptureFixture[str], tmp_pa
 
 
 def test_host_profile_without_calibration(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    code, _, err = run(capsys, "roofline", "--task", TINY, "--hardware", "host", "--device", "cpu",
-                       "--db", f"sqlite:///{tmp_path}/none.db")
+    code, _, err = run(
+        capsys,
+        "roofline",
+        "--task",
+        TINY,
+        "--hardware",
+        "host",
+        "--device",
+        "cpu",
+        "--db",
+        f"sqlite:///{tmp_path}/none.db",
+    )
     assert code == 2 and "pareto calibrate" in err
 
 
@@ -95,8 +137,18 @@ def test_techniques_json(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "techniques", "--device", "cpu", "--json")
     assert code == 0
     listing = {t["name"]: t for t in json.loads(out)}
-    for name in ("int8_dynamic", "prune_unstructured", "prune_structured", "prune_2_4", "lowrank", "distill",
-                 "finetune", "compile", "fp16", "bf16"):
+    for name in (
+        "int8_dynamic",
+        "prune_unstructured",
+        "prune_structured",
+        "prune_2_4",
+        "lowrank",
+        "distill",
+        "finetune",
+        "compile",
+        "fp16",
+        "bf16",
+    ):
         assert name in listing
         assert set(listing[name]) >= {"name", "family", "available", "reason"}
     assert listing["prune_2_4"]["available"] is False and "CUDA" in listing["prune_2_4"]["reason"]
@@ -110,9 +162,13 @@ def test_search_stores_the_four_axes_and_optimizes_three_objectives(tmp_path: Pa
 
     db = f"sqlite:///{tmp_path}/p.db"
     data = {
-        "task": TINY, "study": "axes", "objectives": ["accuracy", "p99", "memory"],
-        "slo": {"p99": "1s", "min_throughput": "10/s"}, "budget": {"max_memory": "64MiB"},
-        "search": {"n_trials": 3, "seed": 0}, "measure": {"device": "cpu", "threads": 1, "warmup": 3},
+        "task": TINY,
+        "study": "axes",
+        "objectives": ["accuracy", "p99", "memory"],
+        "slo": {"p99": "1s", "min_throughput": "10/s"},
+        "budget": {"max_memory": "64MiB"},
+        "search": {"n_trials": 3, "seed": 0},
+        "measure": {"device": "cpu", "threads": 1, "warmup": 3},
         "space": {"techniques": {"int8_dynamic": {}, "prune_structured": {"ratio": [0.5]}}},
     }
     spec = SearchSpec.model_validate(data)
@@ -129,6 +185,8 @@ def test_search_stores_the_four_axes_and_optimizes_three_objectives(tmp_path: Pa
     assert studies["axes"]["objectives"] == ["accuracy", "p99", "memory"]
     with pytest.raises(Exception, match="continue it with --objective accuracy,p99,memory"):
         run_search(spec.model_copy(update={"objectives": ["accuracy", "p99"]}), db_url=db)
-    unsaid = SearchSpec.model_validate({k: v for k, v in data.items() if k != "objectives"} | {"search": {"n_trials": 1}})
+    unsaid = SearchSpec.model_validate(
+        {k: v for k, v in data.items() if k != "objectives"} | {"search": {"n_trials": 1}}
+    )
     assert "objectives" not in unsaid.model_fields_set
     assert run_search(unsaid, db_url=db).trials_run == 1  # the study's own objectives are kept

@@ -23,8 +23,11 @@ from pareto.task import Task
 def _mlp(width: int = 64) -> nn.Sequential:
     torch.manual_seed(0)
     return nn.Sequential(
-        nn.Linear(16, width), nn.ReLU(),
-        nn.Linear(width, width), nn.GELU(), nn.Dropout(0.1),
+        nn.Linear(16, width),
+        nn.ReLU(),
+        nn.Linear(width, width),
+        nn.GELU(),
+        nn.Dropout(0.1),
         nn.Linear(width, 8),
     ).eval()
 
@@ -49,8 +52,13 @@ def _forward(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize(
     "technique",
     [
-        UnstructuredPrune(sparsity=0.5), StructuredPrune(ratio=0.5), LowRank(rank_ratio=0.25),
-        LowRank(energy=0.5), Int8Dynamic(), get_technique("fp16"), get_technique("bf16"),
+        UnstructuredPrune(sparsity=0.5),
+        StructuredPrune(ratio=0.5),
+        LowRank(rank_ratio=0.25),
+        LowRank(energy=0.5),
+        Int8Dynamic(),
+        get_technique("fp16"),
+        get_technique("bf16"),
     ],
     ids=lambda t: t.describe(),
 )
@@ -284,15 +292,28 @@ def test_canonical_order_runs_finetune_between_lowrank_and_quantize() -> None:
     techniques = tuple(
         get_technique(name, params)
         for name, params in [
-            ("compile", {}), ("int8_dynamic", {}), ("finetune", {}), ("prune_2_4", {}),
-            ("lowrank", {"rank_ratio": 0.5}), ("prune_unstructured", {"sparsity": 0.5}),
-            ("prune_structured", {"ratio": 0.5}), ("distill", {}), ("bf16", {}),
+            ("compile", {}),
+            ("int8_dynamic", {}),
+            ("finetune", {}),
+            ("prune_2_4", {}),
+            ("lowrank", {"rank_ratio": 0.5}),
+            ("prune_unstructured", {"sparsity": 0.5}),
+            ("prune_structured", {"ratio": 0.5}),
+            ("distill", {}),
+            ("bf16", {}),
         ]
     )
     ordered = [t.name for t in Config(techniques=techniques, batch_size=1).techniques]
     assert ordered == [
-        "distill", "prune_structured", "prune_unstructured", "prune_2_4", "lowrank", "finetune",
-        "bf16", "int8_dynamic", "compile",
+        "distill",
+        "prune_structured",
+        "prune_unstructured",
+        "prune_2_4",
+        "lowrank",
+        "finetune",
+        "bf16",
+        "int8_dynamic",
+        "compile",
     ]
 
 
@@ -338,9 +359,7 @@ def test_available_still_takes_the_device_alone() -> None:
 def test_apply_leaves_the_original_model_untouched() -> None:
     model = _mlp()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    techniques = (
-        UnstructuredPrune(sparsity=0.5), StructuredPrune(ratio=0.5), LowRank(rank_ratio=0.25), Int8Dynamic()
-    )
+    techniques = (UnstructuredPrune(sparsity=0.5), StructuredPrune(ratio=0.5), LowRank(rank_ratio=0.25), Int8Dynamic())
     apply(model, Config(techniques=techniques, batch_size=2), _task(model))
     assert [type(m) for m in model] == [type(m) for m in _mlp()]
     after = model.state_dict()

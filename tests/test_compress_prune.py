@@ -33,9 +33,15 @@ def _n_params(model: nn.Module) -> int:
 def _cnn() -> nn.Sequential:
     torch.manual_seed(0)
     model = nn.Sequential(
-        nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2),
-        nn.Flatten(), nn.Linear(32 * 4, 10),
+        nn.Conv2d(3, 16, 3, padding=1),
+        nn.BatchNorm2d(16),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(2),
+        nn.Flatten(),
+        nn.Linear(32 * 4, 10),
     )
     model.train()
     with torch.no_grad():  # give the batch norm real statistics

@@ -140,16 +140,22 @@ def test_distill_reports_empty_or_malformed_train_data(task: Task) -> None:
     empty = Task(name="x", model=task.model, example_input=task.example_input, evaluate=task.evaluate, train_data=[])
     with pytest.raises(TechniqueError, match="yielded no batch"):
         Distill(steps=3).apply(copy.deepcopy(task.model), empty)
-    bad = Task(name="x", model=task.model, example_input=task.example_input, evaluate=task.evaluate,
-               train_data=[torch.randn(4, 16)])
+    bad = Task(
+        name="x",
+        model=task.model,
+        example_input=task.example_input,
+        evaluate=task.evaluate,
+        train_data=[torch.randn(4, 16)],
+    )
     with pytest.raises(TechniqueError, match=r"\(inputs, targets\) pairs"):
         Distill(steps=3).apply(copy.deepcopy(task.model), bad)
 
 
 def test_a_one_shot_iterator_ends_training_after_its_pass(task: Task) -> None:
     batches = list(task.train_data or [])
-    once = Task(name="x", model=task.model, example_input=task.example_input, evaluate=task.evaluate,
-                train_data=iter(batches))
+    once = Task(
+        name="x", model=task.model, example_input=task.example_input, evaluate=task.evaluate, train_data=iter(batches)
+    )
     student = Distill(steps=1000).apply(copy.deepcopy(task.model), once)  # 8 batches, then it stops
     assert isinstance(student, nn.Sequential)
 

@@ -10,14 +10,27 @@ from pareto.frontier import Candidate, Constraints
 
 
 def cand(trial: int, acc: float, upper: float | None, *, memory: int = 100) -> Candidate:
-    metrics = {"accuracy": acc, "latency_p99_ms": (upper or 9.0) * 0.8, "latency_p99_lower_ms": 0.1,
-               "latency_p99_upper_ms": upper, "samples": 680, "params_bytes": memory, "memory_bytes": memory}
+    metrics = {
+        "accuracy": acc,
+        "latency_p99_ms": (upper or 9.0) * 0.8,
+        "latency_p99_lower_ms": 0.1,
+        "latency_p99_upper_ms": upper,
+        "samples": 680,
+        "params_bytes": memory,
+        "memory_bytes": memory,
+    }
     return Candidate("s", trial, {"batch_size": 1, "techniques": []}, f"config {trial}", metrics, {})
 
 
 def test_choose_takes_the_near_feasible_in_pick_order_dominated_or_not() -> None:
-    cands = [cand(1, 0.95, 5.0), cand(2, 0.94, 6.0), cand(3, 0.99, 20.0), cand(4, 0.97, 10.0),
-             cand(5, 0.98, 6.5, memory=10**9), cand(6, 0.96, None)]
+    cands = [
+        cand(1, 0.95, 5.0),
+        cand(2, 0.94, 6.0),
+        cand(3, 0.99, 20.0),
+        cand(4, 0.97, 10.0),
+        cand(5, 0.98, 6.5, memory=10**9),
+        cand(6, 0.96, None),
+    ]
     limits = Constraints(p99_ms=7.0, max_memory_bytes=10**6)
     # 3 is too far (20 > 1.5 x 7), 5 breaks the memory budget, 6 has no bound; 2 is dominated by 1 but kept
     assert [c.trial for c in choose(cands, limits, ["accuracy", "p99"], top=5, margin=1.5)] == [4, 1, 2]
@@ -29,8 +42,9 @@ def test_a_pick_changed_by_confirmation_is_confirmed_in_another_pass(monkeypatch
     widened = {1: 8.0, 2: 6.5}  # confirmed bounds: 1 no longer meets 7 ms, 2 still does
     calls: list[list[int]] = []
 
-    def fake_confirm(bench: object, study_id: int, picks: list[Candidate], limits: Constraints,
-                     *, seed: int | None = None) -> ConfirmResult:
+    def fake_confirm(
+        bench: object, study_id: int, picks: list[Candidate], limits: Constraints, *, seed: int | None = None
+    ) -> ConfirmResult:
         calls.append([p.trial for p in picks])
         for p in picks:
             store[p.trial].metrics["latency_p99_upper_ms"] = widened[p.trial]
@@ -39,7 +53,14 @@ def test_a_pick_changed_by_confirmation_is_confirmed_in_another_pass(monkeypatch
         return ConfirmResult("s", run=len(calls), environment="k", runs=[len(calls)], items=items)
 
     monkeypatch.setattr(confirmation, "confirm", fake_confirm)
-    result = confirm_pick(None, 1, lambda: list(store.values()), Constraints(p99_ms=7.0),  # type: ignore[arg-type]
-                          ["accuracy", "p99"], top=1, margin=1.5)
+    result = confirm_pick(
+        None,
+        1,
+        lambda: list(store.values()),
+        Constraints(p99_ms=7.0),  # type: ignore[arg-type]
+        ["accuracy", "p99"],
+        top=1,
+        margin=1.5,
+    )
     assert calls == [[1], [2]]  # 2 was dominated by 1 until 1's confirmed bound missed the SLO
     assert [item.trial for item in result.items] == [1, 2] and result.runs == [1, 2]

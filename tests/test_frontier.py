@@ -1,10 +1,10 @@
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from pareto.errors import NoFeasibleConfiguration
-import math
-
 from pareto.frontier import (
     Candidate,
     Constraints,
@@ -19,8 +19,9 @@ from pareto.frontier import (
 )
 
 
-def cand(trial: int, acc: float, upper: float, *, lower: float | None = None, samples: int = 1000,
-         params: int = 100) -> Candidate:
+def cand(
+    trial: int, acc: float, upper: float, *, lower: float | None = None, samples: int = 1000, params: int = 100
+) -> Candidate:
     metrics = {
         "accuracy": acc,
         "latency_p99_ms": upper * 0.9,
@@ -102,8 +103,21 @@ def test_memory_budget() -> None:
 
 
 def test_too_few_samples_for_a_bound_still_places_on_the_frontier_as_uncertain() -> None:
-    few = Candidate("s", 1, {}, "config 1", {"accuracy": 0.9, "latency_p99_ms": 3.0, "latency_p99_lower_ms": 2.0,
-                                              "latency_p99_upper_ms": None, "samples": 200, "params_bytes": 1}, {})
+    few = Candidate(
+        "s",
+        1,
+        {},
+        "config 1",
+        {
+            "accuracy": 0.9,
+            "latency_p99_ms": 3.0,
+            "latency_p99_lower_ms": 2.0,
+            "latency_p99_upper_ms": None,
+            "samples": 200,
+            "params_bytes": 1,
+        },
+        {},
+    )
     assert [c.trial for c in frontier([few])] == [1]
     judgement = evaluate(few.metrics, Constraints(p99_ms=7))
     assert judgement.feasible is False and "undecided after 200 samples" in judgement.violations[0]
@@ -114,8 +128,14 @@ def test_too_few_samples_for_a_bound_still_places_on_the_frontier_as_uncertain()
 
 def test_an_unbounded_p99_counts_as_infinite_and_cannot_push_a_met_one_off_the_frontier() -> None:
     met = cand(1, 0.90, 6.0)
-    unbounded = Candidate("s", 2, {}, "config 2", {"accuracy": 0.90, "latency_p99_ms": 1.0,
-                                                   "latency_p99_upper_ms": None, "samples": 300, "params_bytes": 1}, {})
+    unbounded = Candidate(
+        "s",
+        2,
+        {},
+        "config 2",
+        {"accuracy": 0.90, "latency_p99_ms": 1.0, "latency_p99_upper_ms": None, "samples": 300, "params_bytes": 1},
+        {},
+    )
     assert objective_value(unbounded.metrics, "latency_p99_upper_ms") == math.inf
     assert [c.trial for c in frontier([met, unbounded])] == [1]
     assert constraint_gaps(unbounded.metrics, Constraints(p99_ms=7))["p99_ms"] == math.inf
@@ -123,10 +143,17 @@ def test_an_unbounded_p99_counts_as_infinite_and_cannot_push_a_met_one_off_the_f
 
 
 def test_constraint_gaps_are_relative_so_units_weigh_alike() -> None:
-    metrics = {"accuracy": 0.9, "latency_p99_upper_ms": 14.0, "samples": 1000, "memory_bytes": 3 * 2**30,
-               "params_bytes": 1, "throughput_per_s": 250.0}
-    gaps = constraint_gaps(metrics, Constraints(p99_ms=7.0, min_accuracy=0.95, max_memory_bytes=2 * 2**30,
-                                                min_throughput_per_s=500.0))
+    metrics = {
+        "accuracy": 0.9,
+        "latency_p99_upper_ms": 14.0,
+        "samples": 1000,
+        "memory_bytes": 3 * 2**30,
+        "params_bytes": 1,
+        "throughput_per_s": 250.0,
+    }
+    gaps = constraint_gaps(
+        metrics, Constraints(p99_ms=7.0, min_accuracy=0.95, max_memory_bytes=2 * 2**30, min_throughput_per_s=500.0)
+    )
     assert gaps["p99_ms"] == pytest.approx(1.0)  # twice the SLO
     assert gaps["max_memory_bytes"] == pytest.approx(0.5)  # bytes, yet the same scale as milliseconds
     assert gaps["min_throughput_per_s"] == pytest.approx(0.5)

@@ -10,7 +10,6 @@ import torch
 from torch import nn
 
 # CPU tests pin one thread: on small VMs intra-op thread wake-ups can cost milliseconds per call
-
 from pareto.errors import UsageError
 from pareto.measure.latency import (
     RoundPlan,
@@ -146,7 +145,10 @@ def test_interleaved_models_get_the_same_rounds() -> None:
     small, large = _mlp(8), _mlp(256)
     results = measure_interleaved(
         [Timed(small, torch.randn(1, 8)), Timed(large, torch.randn(32, 256))],
-        device="cpu", plan=RoundPlan(samples=100, rounds=10, warmup=2), threads=1, seed=0,
+        device="cpu",
+        plan=RoundPlan(samples=100, rounds=10, warmup=2),
+        threads=1,
+        seed=0,
     )
     assert [r.summary.rounds for r in results] == [10, 10]
     assert [r.summary.samples for r in results] == [100, 100]
@@ -175,8 +177,9 @@ class _ScriptedProbe:
 def test_a_slow_probe_discards_the_rounds_around_it_and_they_are_timed_again() -> None:
     # reads: before round 1, then after each block; the 3rd read is slow: blocks 2 and 3 touch it
     probe = _ScriptedProbe([1.0, 1.0, 3.0, 1.0] + [1.0] * 20)
-    result = measure_latency(_mlp(8), torch.randn(1, 8), device="cpu", samples=50, rounds=5, warmup=1, threads=1,
-                             probe=probe)  # type: ignore[arg-type]
+    result = measure_latency(
+        _mlp(8), torch.randn(1, 8), device="cpu", samples=50, rounds=5, warmup=1, threads=1, probe=probe
+    )  # type: ignore[arg-type]
     assert result.summary.rounds == 5 and result.summary.samples == 50
     assert result.discarded_rounds == 2
     assert result.probe_ratio_max == 3.0
@@ -185,8 +188,9 @@ def test_a_slow_probe_discards_the_rounds_around_it_and_they_are_timed_again() -
 
 def test_a_machine_that_stays_busy_gives_no_verdict() -> None:
     probe = _ScriptedProbe([2.0] * 100)
-    result = measure_latency(_mlp(8), torch.randn(1, 8), device="cpu", samples=40, rounds=4, warmup=1, threads=1,
-                             slo_ms=1000.0, probe=probe)  # type: ignore[arg-type]
+    result = measure_latency(
+        _mlp(8), torch.randn(1, 8), device="cpu", samples=40, rounds=4, warmup=1, threads=1, slo_ms=1000.0, probe=probe
+    )  # type: ignore[arg-type]
     assert result.busy
     assert result.discarded_rounds == 5  # the limit (as many as the rounds) plus the one that tipped it
     assert result.stop_reason is not None and result.stop_reason.startswith("machine busy: 5 rounds discarded")
@@ -195,7 +199,7 @@ def test_a_machine_that_stays_busy_gives_no_verdict() -> None:
 def test_the_real_probe_times_its_workload_against_a_quiet_reference() -> None:
     probe = ContentionProbe("cpu", threads=1)
     assert probe.run_reference_ms is not None and probe.quiet_ms <= probe.run_reference_ms
-    assert 0 < probe.read().ms
+    assert probe.read().ms > 0
     remembered = ContentionProbe("cpu", threads=1, stored_quiet_ms=probe.quiet_ms / 10)
     assert remembered.quiet_ms == pytest.approx(probe.quiet_ms / 10)  # the lower, stored quiet time wins
     assert remembered.read().ratio > 2  # against it, today's probe looks busy
@@ -208,9 +212,9 @@ def test_adaptive_stops_at_once_on_a_clearly_met_slo() -> None:
                              slo_ms=1000.0, max_rounds=200)  # fmt: skip
     assert result.summary.samples == 680  # decided at the first look: no further round
     assert result.stop_reason == "P99 verdict met at SLO 1000 ms"
-    # 20 → 200 rounds in doublings: 5 looks; 99 % overall is 1 - 0.01 / 5 per look
-    assert result.summary.confidence == pytest.approx(1 - 0.01 / 5)
-    assert "adaptive at up to 5 looks" in result.method
+    # 20 → 200 rounds in doublings: 5 looks; 99 % overall is 1 - 0.01 / 5 per look; the overall is stored
+    assert result.summary.confidence == 0.99
+    assert "adaptive at up to 5 looks (Bonferroni: bounds at 0.998 each, 0.99 overall)" in result.method
 
 
 def test_adaptive_stops_at_once_on_a_clearly_missed_slo() -> None:

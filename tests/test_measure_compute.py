@@ -96,7 +96,7 @@ def test_layer_costs_of_an_mlp() -> None:
     model, x = _mlp(), torch.randn(8, 64)
     layers = layer_costs(model, x)
     assert [(layer.name, layer.type) for layer in layers] == [("0", "Linear"), ("1", "ReLU"), ("2", "Linear")]
-    first, relu, last = layers
+    first, relu, _last = layers
     assert first.flops == 2 * 8 * 64 * 256 and first.calls == 1
     assert first.weight_bytes == (64 * 256 + 256) * 4
     assert (first.input_bytes, first.output_bytes) == (8 * 64 * 4, 8 * 256 * 4)

@@ -37,7 +37,7 @@ def test_ridge_rises_with_each_generation() -> None:
 
 
 def test_shipped_profiles_are_complete_and_sourced() -> None:
-    assert REQUIRED <= set(list_profiles())
+    assert set(list_profiles()) >= REQUIRED
     for name in list_profiles():
         profile = load_profile(name)
         assert profile.name == name and profile.description

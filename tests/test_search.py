@@ -7,9 +7,9 @@ import pytest
 from sqlalchemy import select
 
 import pareto
-from pareto.errors import NoFeasibleConfiguration, UsageError
 from pareto import _search as search_module
 from pareto._search import run_search
+from pareto.errors import NoFeasibleConfiguration, UsageError
 from pareto.spec import SearchSpec
 from pareto.store.engine import open_engine, session_scope
 from pareto.store.models import Measurement, Trial
@@ -55,8 +55,16 @@ def test_search_stores_trials_and_best_answers(db_url: str) -> None:
     assert pick["confirmation"] is not None and pick["confirmation"]["rounds"] == 20
     assert pick["metrics"]["speedup_basis"] == "same run"
     assert len(pick["environment"]["key"]) == 16
-    for key in ("accuracy", "latency_p50_ms", "latency_p99_ms", "latency_p99_upper_ms", "samples",
-                "params_bytes", "compression_ratio", "speedup_p99"):
+    for key in (
+        "accuracy",
+        "latency_p50_ms",
+        "latency_p99_ms",
+        "latency_p99_upper_ms",
+        "samples",
+        "params_bytes",
+        "compression_ratio",
+        "speedup_p99",
+    ):
         assert key in pick["metrics"]
     assert pick["metrics"]["latency_p99_upper_ms"] <= 1000
     assert pick["slo"]["p99_verdict"] == "met"
@@ -104,12 +112,18 @@ def test_unavailable_technique_is_skipped_once_with_the_reason(db_url: str) -> N
 
     class Collect:
         def start(self, **_: object) -> None: ...
-        def notice(self, message: str) -> None: notices.append(message)
+        def notice(self, message: str) -> None:
+            notices.append(message)
+
         def trial_done(self, *_: object) -> None: ...
         def confirmed(self, *_: object) -> None: ...
 
-    s = spec(task="tests.tiny_task:make_single_layer_task", study="single", search={"n_trials": 2},
-             space={"techniques": {"prune_structured": {"ratio": [0.5]}, "int8_dynamic": {}}})
+    s = spec(
+        task="tests.tiny_task:make_single_layer_task",
+        study="single",
+        search={"n_trials": 2},
+        space={"techniques": {"prune_structured": {"ratio": [0.5]}, "int8_dynamic": {}}},
+    )
     run_search(s, db_url=db_url, reporter=Collect())
     skipped = [n for n in notices if n.startswith("Skipping technique prune_structured")]
     assert len(skipped) == 1
@@ -152,7 +166,9 @@ def test_speedups_divide_by_the_baseline_timed_in_the_same_run(db_url: str) -> N
     run_search(spec(search={"n_trials": 2, "seed": 2, "confirm_top": 0}), db_url=db_url)
     with session_scope(open_engine(db_url)) as session:
         runs = {m.run_id for m in session.scalars(select(Measurement)).all()}
-        by_trial = {m.trial.optuna_number: m for m in session.scalars(select(Measurement).where(Measurement.kind == "search"))}
+        by_trial = {
+            m.trial.optuna_number: m for m in session.scalars(select(Measurement).where(Measurement.kind == "search"))
+        }
         base_by_run = {
             m.run_id: m for m in session.scalars(select(Measurement).join(Trial).where(Trial.is_baseline)).all()
         }
@@ -199,8 +215,16 @@ def test_best_compares_within_one_environment(db_url: str) -> None:
     engine = open_engine(db_url)
     with session_scope(engine) as session:
         here = session.scalars(select(Environment)).one()
-        other = Environment(key="0" * 16, device="cuda:0", device_name="Elsewhere GPU", torch_version="2.9",
-                            cpu_model="x", threads=8, hostname="far", details={})
+        other = Environment(
+            key="0" * 16,
+            device="cuda:0",
+            device_name="Elsewhere GPU",
+            torch_version="2.9",
+            cpu_model="x",
+            threads=8,
+            hostname="far",
+            details={},
+        )
         session.add(other)
         session.flush()
         for m in session.scalars(select(Measurement).where(Measurement.kind == "search")).all():
@@ -248,7 +272,7 @@ def test_confirm_re_measures_the_best_with_the_baseline(db_url: str) -> None:
     assert pareto.best(study="tiny", db=db_url)["confirmation"] is None
     unconfirmed = pareto.best(study="tiny", db=db_url)["trial"]
     result = pareto.confirm(study="tiny", top=1, db=db_url)
-    assert [item["trial"] for item in result["items"]][0] == unconfirmed
+    assert next(item["trial"] for item in result["items"]) == unconfirmed
     assert all(item["after"]["rounds"] == 20 for item in result["items"])
     assert any(item["is_baseline"] for item in result["items"])  # the baseline, in the same rounds
     pick = pareto.best(study="tiny", db=db_url)

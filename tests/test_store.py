@@ -44,25 +44,33 @@ def test_every_migration_upward_keeps_data(db_url: str) -> None:
     upgrade(engine, revisions[0])
     now = "CURRENT_TIMESTAMP"
     with engine.begin() as conn:
-        conn.execute(text(
-            "INSERT INTO pareto_environments (id, key, device, device_name, torch_version, cpu_model, threads, "
-            f"hostname, details, created_at) VALUES (1, 'k', 'cpu', 'x', '2.4', 'x', 2, 'h', '{{}}', {now})"
-        ))
-        conn.execute(text(
-            "INSERT INTO pareto_studies (id, name, task, spec, created_at, updated_at) "
-            f"VALUES (1, 'kept', 'demo', '{{}}', {now}, {now})"
-        ))
-        conn.execute(text(
-            "INSERT INTO pareto_trials (id, study_id, optuna_number, state, config, config_key, description, "
-            "is_baseline, batch_size, environment_id, started_at) VALUES "
-            f"(1, 1, 0, 'COMPLETE', '{{}}', 'c', 'baseline @ batch 1', TRUE, 1, 1, {now})"
-        ))
-        conn.execute(text(
-            "INSERT INTO pareto_measurements (trial_id, environment_id, accuracy, batch_size, latency_mean_ms, "
-            "latency_p50_ms, latency_p90_ms, latency_p99_ms, latency_p999_ms, p99_p50_ratio, samples, warmup, "
-            "confidence, method, throughput_per_s, params_bytes, theoretical_bytes, compression_ratio, created_at) "
-            f"VALUES (1, 1, 0.9, 1, 1.0, 1.0, 1.5, 2.0, 3.0, 2.0, 662, 50, 0.95, 'm', 1000, 10, 10, 1.0, {now})"
-        ))
+        conn.execute(
+            text(
+                "INSERT INTO pareto_environments (id, key, device, device_name, torch_version, cpu_model, threads, "
+                f"hostname, details, created_at) VALUES (1, 'k', 'cpu', 'x', '2.4', 'x', 2, 'h', '{{}}', {now})"
+            )
+        )
+        conn.execute(
+            text(
+                "INSERT INTO pareto_studies (id, name, task, spec, created_at, updated_at) "
+                f"VALUES (1, 'kept', 'demo', '{{}}', {now}, {now})"
+            )
+        )
+        conn.execute(
+            text(
+                "INSERT INTO pareto_trials (id, study_id, optuna_number, state, config, config_key, description, "
+                "is_baseline, batch_size, environment_id, started_at) VALUES "
+                f"(1, 1, 0, 'COMPLETE', '{{}}', 'c', 'baseline @ batch 1', TRUE, 1, 1, {now})"
+            )
+        )
+        conn.execute(
+            text(
+                "INSERT INTO pareto_measurements (trial_id, environment_id, accuracy, batch_size, latency_mean_ms, "
+                "latency_p50_ms, latency_p90_ms, latency_p99_ms, latency_p999_ms, p99_p50_ratio, samples, warmup, "
+                "confidence, method, throughput_per_s, params_bytes, theoretical_bytes, compression_ratio, created_at) "
+                f"VALUES (1, 1, 0.9, 1, 1.0, 1.0, 1.5, 2.0, 3.0, 2.0, 662, 50, 0.95, 'm', 1000, 10, 10, 1.0, {now})"
+            )
+        )
     for revision in revisions[1:]:
         upgrade(engine, revision)
         assert current_revision(engine) == revision
@@ -72,8 +80,12 @@ def test_every_migration_upward_keeps_data(db_url: str) -> None:
         assert m.latency_p99_ms == 2.0 and m.trial.description == "baseline @ batch 1"
         # 0003: a two-sided 95 % interval's ends are one-sided 97.5 % bounds; the row is a search measurement
         assert m.confidence == pytest.approx(0.975) and m.kind == "search" and m.rounds is None
-        session.add(Measurement(**{c.name: getattr(m, c.name) for c in Measurement.__table__.columns
-                                   if c.name not in {"id", "kind"}}, kind="confirm"))  # several per trial now
+        session.add(
+            Measurement(
+                **{c.name: getattr(m, c.name) for c in Measurement.__table__.columns if c.name not in {"id", "kind"}},
+                kind="confirm",
+            )
+        )  # several per trial now
     with session_scope(engine) as session:
         assert len(session.scalars(select(Measurement)).all()) == 2
 
@@ -111,22 +123,55 @@ def test_rows_round_trip(db_url: str) -> None:
     engine = open_engine(db_url)
     upgrade(engine)
     with session_scope(engine) as session:
-        env = Environment(key="k", device="cpu", device_name="x", torch_version="2", cpu_model="x", threads=2,
-                          hostname="h", details={"a": 1})
+        env = Environment(
+            key="k",
+            device="cpu",
+            device_name="x",
+            torch_version="2",
+            cpu_model="x",
+            threads=2,
+            hostname="h",
+            details={"a": 1},
+        )
         study = Study(name="s", task="demo", spec={"slo": {"p99": 7.0}})
         session.add_all([env, study])
         session.flush()
-        trial = Trial(study_id=study.id, optuna_number=0, config={"batch_size": 1, "techniques": []},
-                      config_key="c", description="baseline @ batch 1", is_baseline=True, batch_size=1,
-                      environment_id=env.id, state="COMPLETE")
+        trial = Trial(
+            study_id=study.id,
+            optuna_number=0,
+            config={"batch_size": 1, "techniques": []},
+            config_key="c",
+            description="baseline @ batch 1",
+            is_baseline=True,
+            batch_size=1,
+            environment_id=env.id,
+            state="COMPLETE",
+        )
         session.add(trial)
         session.flush()
-        session.add(Measurement(
-            trial_id=trial.id, environment_id=env.id, accuracy=0.9, batch_size=1, latency_mean_ms=1,
-            latency_p50_ms=1, latency_p90_ms=1, latency_p99_ms=2, latency_p99_upper_ms=2.5, latency_p999_ms=3,
-            p99_p50_ratio=2, samples=662, warmup=10, confidence=0.95, method="m", throughput_per_s=1000,
-            params_bytes=4 * 10**9, theoretical_bytes=10, compression_ratio=1.0,
-        ))
+        session.add(
+            Measurement(
+                trial_id=trial.id,
+                environment_id=env.id,
+                accuracy=0.9,
+                batch_size=1,
+                latency_mean_ms=1,
+                latency_p50_ms=1,
+                latency_p90_ms=1,
+                latency_p99_ms=2,
+                latency_p99_upper_ms=2.5,
+                latency_p999_ms=3,
+                p99_p50_ratio=2,
+                samples=662,
+                warmup=10,
+                confidence=0.95,
+                method="m",
+                throughput_per_s=1000,
+                params_bytes=4 * 10**9,
+                theoretical_bytes=10,
+                compression_ratio=1.0,
+            )
+        )
     with session_scope(engine) as session:
         m = session.scalars(select(Measurement)).one()
         assert m.params_bytes == 4 * 10**9  # BigInteger: past 2 GiB

@@ -76,9 +76,7 @@ def test_train_data_is_minibatches_of_the_training_split(task: Task) -> None:
         assert targets.dtype == torch.long and len(inputs) == len(targets)
 
 
-def test_the_cache_is_written_once_and_reused(
-    task: Task, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_cache_is_written_once_and_reused(task: Task, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = _cache_file(cache_dir)
     written = path.stat().st_mtime_ns
     monkeypatch.setattr(demo, "_train", _never_train)

@@ -54,8 +54,10 @@ def test_transformer_task_contract(task: Task) -> None:
     assert task.name == "transformer"
     assert task.batch_size == transformer.BATCH_SIZE == 32
     assert task.attention == AttentionShape(
-        layers=transformer.LAYERS, width=transformer.WIDTH,
-        sequence=transformer.SEQUENCE_LENGTH, heads=transformer.HEADS,
+        layers=transformer.LAYERS,
+        width=transformer.WIDTH,
+        sequence=transformer.SEQUENCE_LENGTH,
+        heads=transformer.HEADS,
     )
     layers = [m for m in task.model.modules() if isinstance(m, nn.TransformerEncoderLayer)]
     assert len(layers) == transformer.LAYERS
@@ -93,7 +95,7 @@ def test_labels_follow_the_majority_topic_and_are_deterministic() -> None:
 def test_example_input_is_real_token_sequences(task: Task) -> None:
     small = task.example_input(7)
     assert small.shape == (7, transformer.SEQUENCE_LENGTH) and small.dtype == torch.long
-    assert 0 <= int(small.min()) and int(small.max()) < transformer.VOCAB_SIZE
+    assert int(small.min()) >= 0 and int(small.max()) < transformer.VOCAB_SIZE
     big = task.example_input(transformer.TEST_SIZE + 3)
     assert torch.equal(big[:7], small) and torch.equal(big[transformer.TEST_SIZE], big[0])
     with torch.inference_mode():
@@ -119,9 +121,7 @@ def test_int8_dynamic_quantization_runs_and_keeps_accuracy(task: Task) -> None:
     assert task.evaluate(quantized) >= task.evaluate(task.model) - 0.05
 
 
-def test_the_cache_is_written_once_and_reused(
-    task: Task, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_cache_is_written_once_and_reused(task: Task, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PARETO_CACHE_DIR", str(cache_dir))
     path = _cache_file(cache_dir)
     written = path.stat().st_mtime_ns

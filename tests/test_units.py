@@ -8,8 +8,16 @@ from pareto.units import format_ms, parse_duration_ms, parse_size_bytes
 
 @pytest.mark.parametrize(
     ("text", "ms"),
-    [("7ms", 7.0), ("7 ms", 7.0), ("500us", 0.5), ("500µs", 0.5), ("0.007s", 7.0), ("2min", 120_000.0),
-     ("1.5e3us", 1.5), (" 10 s ", 10_000.0)],
+    [
+        ("7ms", 7.0),
+        ("7 ms", 7.0),
+        ("500us", 0.5),
+        ("500µs", 0.5),
+        ("0.007s", 7.0),
+        ("2min", 120_000.0),
+        ("1.5e3us", 1.5),
+        (" 10 s ", 10_000.0),
+    ],
 )
 def test_durations(text: str, ms: float) -> None:
     assert parse_duration_ms(text) == pytest.approx(ms)
@@ -17,8 +25,15 @@ def test_durations(text: str, ms: float) -> None:
 
 @pytest.mark.parametrize(
     ("text", "phrase"),
-    [("7", "has no unit"), (7, "has no unit"), ("7parsecs", "Unknown time unit"), ("-3ms", "must be positive"),
-     ("0ms", "must be positive"), ("fast", "Cannot read"), ("", "Cannot read")],
+    [
+        ("7", "has no unit"),
+        (7, "has no unit"),
+        ("7parsecs", "Unknown time unit"),
+        ("-3ms", "must be positive"),
+        ("0ms", "must be positive"),
+        ("fast", "Cannot read"),
+        ("", "Cannot read"),
+    ],
 )
 def test_bad_durations_say_the_right_form(text: object, phrase: str) -> None:
     with pytest.raises(UsageError, match=phrase) as info:

@@ -111,9 +111,7 @@ class Distill(Technique):
                 student.append(copy.deepcopy(module))
                 continue
             out = module.out_features if seen == last else max(1, round(self.width_ratio * module.out_features))
-            student.append(
-                nn.Linear(width, out, bias=module.bias is not None, dtype=module.weight.dtype)
-            )
+            student.append(nn.Linear(width, out, bias=module.bias is not None, dtype=module.weight.dtype))
             width, seen = out, seen + 1
         result = nn.Sequential(*student)
         if _n_params(result) >= _n_params(teacher):
@@ -136,8 +134,10 @@ class Distill(Technique):
                 loss = torch.zeros((), device=device)
                 if self.alpha > 0:
                     kl = F.kl_div(
-                        F.log_softmax(logits / t, dim=-1), F.log_softmax(soft / t, dim=-1),
-                        reduction="batchmean", log_target=True,
+                        F.log_softmax(logits / t, dim=-1),
+                        F.log_softmax(soft / t, dim=-1),
+                        reduction="batchmean",
+                        log_target=True,
                     )
                     loss = loss + self.alpha * t * t * kl  # T² keeps the gradient scale independent of T
                 if self.alpha < 1:

@@ -85,9 +85,7 @@ def apply(model: nn.Module, config: Config, task: Task, *, device: str | None = 
         except TechniqueError:
             raise
         except Exception as exc:  # a model that breaks under a technique fails the trial, reason kept
-            raise TechniqueError(
-                f"{technique.describe()} failed on this model: {type(exc).__name__}: {exc}"
-            ) from exc
+            raise TechniqueError(f"{technique.describe()} failed on this model: {type(exc).__name__}: {exc}") from exc
         _route_around_fused_encoder_kernel(compressed)  # before the next technique (compile) sees it
     return compressed.eval()
 

@@ -20,14 +20,27 @@ if TYPE_CHECKING:
 
 #: Modules that act on each feature independently, so a hidden unit can be removed straight through them.
 ELEMENTWISE = (
-    nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.GELU, nn.SiLU, nn.Mish, nn.Tanh, nn.Sigmoid, nn.ELU, nn.SELU,
-    nn.CELU, nn.Softplus, nn.Hardswish, nn.Hardsigmoid, nn.Hardtanh, nn.Dropout, nn.AlphaDropout,
+    nn.ReLU,
+    nn.ReLU6,
+    nn.LeakyReLU,
+    nn.GELU,
+    nn.SiLU,
+    nn.Mish,
+    nn.Tanh,
+    nn.Sigmoid,
+    nn.ELU,
+    nn.SELU,
+    nn.CELU,
+    nn.Softplus,
+    nn.Hardswish,
+    nn.Hardsigmoid,
+    nn.Hardtanh,
+    nn.Dropout,
+    nn.AlphaDropout,
     nn.Identity,
 )
 #: Modules that act on each channel of a feature map on its own: a channel can be removed straight through them.
-_CHANNELWISE = ELEMENTWISE + (
-    nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d, nn.Dropout2d,
-)
+_CHANNELWISE = (*ELEMENTWISE, nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d, nn.Dropout2d)
 
 TWO_FOUR_REASON = "2:4 sparse kernels need a CUDA GPU of compute capability 8.0 or newer (A100, H100…)"
 
@@ -64,9 +77,7 @@ class UnstructuredPrune(Technique):
         if not linears:
             raise TechniqueError(f"{self.describe()}: the model has no nn.Linear layer to prune.")
         targets = [(m, "weight") for m in linears]
-        torch_prune.global_unstructured(
-            targets, pruning_method=torch_prune.L1Unstructured, amount=self.sparsity
-        )
+        torch_prune.global_unstructured(targets, pruning_method=torch_prune.L1Unstructured, amount=self.sparsity)
         for module, param in targets:
             # fold weight_orig * mask into a plain parameter and drop the forward pre-hook
             torch_prune.remove(module, param)
@@ -159,17 +170,19 @@ class MultiHeadSelfAttention(nn.Module):
         self.v_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
 
-    def forward(
-        self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
         batch, tokens, _ = x.shape
 
         def heads(t: torch.Tensor) -> torch.Tensor:
             return t.view(batch, tokens, self.num_heads, -1).transpose(1, 2)
 
         y = F.scaled_dot_product_attention(
-            heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x)),
-            attn_mask=attn_mask, dropout_p=self.dropout if self.training else 0.0, is_causal=is_causal,
+            heads(self.q_proj(x)),
+            heads(self.k_proj(x)),
+            heads(self.v_proj(x)),
+            attn_mask=attn_mask,
+            dropout_p=self.dropout if self.training else 0.0,
+            is_causal=is_causal,
         )
         return self.out_proj(y.transpose(1, 2).reshape(batch, tokens, -1))
 
@@ -281,7 +294,8 @@ def _two_four_linears(model: nn.Module) -> list[nn.Linear]:
     """Dense ``nn.Linear`` layers (exact type: not attention's ``out_proj``) whose shape the 2:4 kernels take."""
     # the strictest tile among the backends and dtypes (CUTLASS fp16/bf16): rows % 32, columns % 64
     return [
-        m for m in _dense_linears(model)
+        m
+        for m in _dense_linears(model)
         if type(m) is nn.Linear and m.out_features % 32 == 0 and m.in_features % 64 == 0
     ]
 
@@ -291,7 +305,8 @@ def _dense_linears(model: nn.Module) -> list[nn.Linear]:
     from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
     return [
-        m for m in model.modules()
+        m
+        for m in model.modules()
         if isinstance(m, nn.Linear) and m.weight.is_floating_point() and not is_traceable_wrapper_subclass(m.weight)
     ]
 
@@ -404,10 +419,7 @@ def _is_head_prunable(module: nn.Module) -> bool:
     if not isinstance(heads, int) or heads < 2 or not all(type(p) is nn.Linear for p in projections):
         return False
     q, k, v, out = cast("list[nn.Linear]", projections)
-    return (
-        q.out_features == k.out_features == v.out_features == out.in_features
-        and q.out_features % heads == 0
-    )
+    return q.out_features == k.out_features == v.out_features == out.in_features and q.out_features % heads == 0
 
 
 def _sequential_pairs(seq: nn.Sequential) -> list[_SequentialPair]:
@@ -430,8 +442,11 @@ def _sequential_pairs(seq: nn.Sequential) -> list[_SequentialPair]:
                 break
             j += 1
         flatten = (
-            type(first) is nn.Conv2d and j < len(children) and type(children[j]) is nn.Flatten
-            and children[j].start_dim == 1 and children[j].end_dim == -1
+            type(first) is nn.Conv2d
+            and j < len(children)
+            and type(children[j]) is nn.Flatten
+            and children[j].start_dim == 1
+            and children[j].end_dim == -1
         )
         if flatten:
             j += 1
@@ -504,23 +519,40 @@ def _take_inputs(layer: nn.Module, index: torch.Tensor, block: int) -> nn.Module
 # skip_init: the weights are overwritten at once, so spare the init work and the global RNG
 def _linear_like(linear: nn.Linear, in_features: int, out_features: int) -> nn.Linear:
     return skip_init(
-        nn.Linear, in_features, out_features, bias=linear.bias is not None,
-        device=linear.weight.device, dtype=linear.weight.dtype,
+        nn.Linear,
+        in_features,
+        out_features,
+        bias=linear.bias is not None,
+        device=linear.weight.device,
+        dtype=linear.weight.dtype,
     )
 
 
 def _conv_like(conv: nn.Conv2d, in_channels: int, out_channels: int) -> nn.Conv2d:
     return skip_init(
-        nn.Conv2d, in_channels, out_channels, conv.kernel_size, stride=conv.stride, padding=conv.padding,
-        dilation=conv.dilation, groups=1, bias=conv.bias is not None, padding_mode=conv.padding_mode,
-        device=conv.weight.device, dtype=conv.weight.dtype,
+        nn.Conv2d,
+        in_channels,
+        out_channels,
+        conv.kernel_size,
+        stride=conv.stride,
+        padding=conv.padding,
+        dilation=conv.dilation,
+        groups=1,
+        bias=conv.bias is not None,
+        padding_mode=conv.padding_mode,
+        device=conv.weight.device,
+        dtype=conv.weight.dtype,
     )
 
 
 def _take_norm(norm: nn.BatchNorm1d | nn.BatchNorm2d, index: torch.Tensor) -> nn.Module:
     new = type(norm)(
-        len(index), eps=norm.eps, momentum=norm.momentum, affine=norm.affine,
-        track_running_stats=norm.track_running_stats, device=_device_of(norm),
+        len(index),
+        eps=norm.eps,
+        momentum=norm.momentum,
+        affine=norm.affine,
+        track_running_stats=norm.track_running_stats,
+        device=_device_of(norm),
         dtype=state.dtype if (state := _float_state(norm)) is not None else None,
     )
     if norm.affine:

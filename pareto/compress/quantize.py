@@ -94,8 +94,11 @@ def _is_wrapper_tensor(tensor: torch.Tensor) -> bool:
 def _float_linears(model: nn.Module) -> list[nn.Linear]:
     """``nn.Linear`` layers whose weight is still a plain floating-point tensor."""
     return [
-        m for m in model.modules()
-        if isinstance(m, nn.Linear) and m.weight.is_floating_point() and not _is_wrapper_tensor(m.weight)
+        m
+        for m in model.modules()
+        if isinstance(m, nn.Linear)
+        and m.weight.is_floating_point()
+        and not _is_wrapper_tensor(m.weight)
         # nn.MultiheadAttention's out_proj: its forward reads the weight as a plain tensor
         and not isinstance(m, nn.modules.linear.NonDynamicallyQuantizableLinear)
     ]
@@ -166,10 +169,7 @@ class Int8Dynamic(Technique):
         if self.backend(device) is not None:
             return None
         if not device.startswith("cpu"):
-            return (
-                "int8 dynamic quantization runs on the CPU only without torchao; on CUDA it "
-                f"{TORCHAO_HINT}."
-            )
+            return f"int8 dynamic quantization runs on the CPU only without torchao; on CUDA it {TORCHAO_HINT}."
         return self._eager_reason()
 
     @staticmethod
@@ -264,8 +264,7 @@ class Int4WeightOnly(Technique):
     def available(self, device: str, task: Task | None = None) -> str | None:
         if not device.startswith("cuda"):
             return (
-                "int4 weight-only kernels need a CUDA GPU of compute capability 8.0 or newer; "
-                f"this device is {device}."
+                f"int4 weight-only kernels need a CUDA GPU of compute capability 8.0 or newer; this device is {device}."
             )
         reason = _torchao_reason("Int4WeightOnlyConfig")
         if reason is not None:

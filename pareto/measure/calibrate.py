@@ -83,20 +83,8 @@ def calibrate(device: str = "cpu", *, seconds_budget: float = 5.0, threads: int 
     if threads is not None:
         torch.set_num_threads(threads)
     used_threads = torch.get_num_threads()
-    peaks: dict[str, float] = {}
-    sources: dict[str, str] = {}
-    skipped: list[str] = []
     try:
-        with torch.inference_mode():
-            for name in dtypes:
-                # "highest" keeps fp32 matmuls in full fp32; "high" lets CUDA use TF32 tensor cores
-                torch.set_float32_matmul_precision("high" if name == "tf32" else "highest")
-                result = _matmul_rate(device, name, share_s)
-                if isinstance(result, str):
-                    skipped.append(f"{name}: {result}")
-                    continue
-                peaks[name], sources[f"peak_flops.{name}"] = result
-            bandwidth, sources["memory_bandwidth_bytes_per_s"] = _copy_rate(device, share_s)
+        peaks, bandwidth, sources, skipped = _ceilings(device, dtypes, share_s)
     finally:
         torch.set_float32_matmul_precision(previous_precision)
         torch.set_num_threads(previous_threads)
@@ -122,6 +110,26 @@ def calibrate(device: str = "cpu", *, seconds_budget: float = 5.0, threads: int 
         method=method,
         measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )
+
+
+def _ceilings(
+    device: str, dtypes: list[str], share_s: float
+) -> tuple[dict[str, float], float, dict[str, str], list[str]]:
+    """Peak FLOP/s per dtype, copy bandwidth, the source of each, and the dtypes that cannot run."""
+    peaks: dict[str, float] = {}
+    sources: dict[str, str] = {}
+    skipped: list[str] = []
+    with torch.inference_mode():
+        for name in dtypes:
+            # "highest" keeps fp32 matmuls in full fp32; "high" lets CUDA use TF32 tensor cores
+            torch.set_float32_matmul_precision("high" if name == "tf32" else "highest")
+            result = _matmul_rate(device, name, share_s)
+            if isinstance(result, str):
+                skipped.append(f"{name}: {result}")
+                continue
+            peaks[name], sources[f"peak_flops.{name}"] = result
+        bandwidth, sources["memory_bandwidth_bytes_per_s"] = _copy_rate(device, share_s)
+    return peaks, bandwidth, sources, skipped
 
 
 def _matmul_rate(device: str, name: str, share_s: float) -> tuple[float, str] | str:
@@ -183,7 +191,7 @@ def _matmul_rate(device: str, name: str, share_s: float) -> tuple[float, str] | 
 
 def _copy_rate(device: str, share_s: float) -> tuple[float, str]:
     """Best bytes/s of ``dst.copy_(src)`` over several sizes, counting read + write, and its source line."""
-    sizes = _CPU_COPY_BYTES
+    sizes: tuple[int, ...] = _CPU_COPY_BYTES
     if device.startswith("cuda"):
         free, _ = torch.cuda.mem_get_info(device)
         sizes = tuple(min(size, free // 8) for size in _CUDA_COPY_BYTES)
@@ -216,9 +224,7 @@ def _matmul_times(device: str, dtype: torch.dtype, rows: int, inner: int, cols: 
     return _time_calls(lambda: x @ w, device, _MIN_CALLS)
 
 
-def _time_calls(
-    call: Callable[[], object], device: str, min_calls: int, deadline: float | None = None
-) -> list[float]:
+def _time_calls(call: Callable[[], object], device: str, min_calls: int, deadline: float | None = None) -> list[float]:
     """Seconds of each call, timed one by one: ``min_calls`` calls, then more until ``deadline``."""
     on_cuda = device.startswith("cuda")
     times: list[float] = []

@@ -163,8 +163,9 @@ def layer_costs(model: nn.Module, inputs: torch.Tensor | Sequence[Any]) -> list[
     owner = _owners(model, called)
     weight_bytes: dict[nn.Module, int] = {}
     for module, nbytes in held.items():
-        if owner.get(module) is not None:
-            weight_bytes[owner[module]] = weight_bytes.get(owner[module], 0) + nbytes
+        holder = owner.get(module)
+        if holder is not None:
+            weight_bytes[holder] = weight_bytes.get(holder, 0) + nbytes
     result = []
     for module, record in trace.records.items():
         if record.called_children and record.flops == 0:
@@ -197,7 +198,7 @@ def compute_dtype(model: nn.Module) -> str:
     quantized = _dynamic_quantized_linear()
     if quantized is not None:
         for module in model.modules():
-            if isinstance(module, quantized) and module.weight().dtype == torch.qint8:
+            if isinstance(module, quantized) and getattr(module, "weight")().dtype == torch.qint8:  # noqa: B009
                 return "int8"
     by_dtype: dict[torch.dtype, int] = {}
     for tensor in (*model.parameters(), *model.buffers()):

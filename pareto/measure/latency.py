@@ -10,6 +10,7 @@ spell of the machine hits them alike.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
 import os
@@ -304,7 +305,9 @@ def _run_looks(
             for state in states:
                 if not state.done:
                     state.done = True
-                    state.stop_reason = f"time budget {plan.budget_s:g} s spent, P99 verdict uncertain at SLO {plan.slo_ms:g} ms"
+                    state.stop_reason = (
+                        f"time budget {plan.budget_s:g} s spent, P99 verdict uncertain at SLO {plan.slo_ms:g} ms"
+                    )
             return
 
 
@@ -323,14 +326,27 @@ def _judge(states: list[_State], slo_ms: float, confidence: float, *, final: boo
 
 
 def _result(
-    state: _State, plan: RoundPlan, confidence: float, looks: int, threads: int, device: str,
-    probe: ContentionProbe | None, elapsed: float, load: float | None, interleaved: bool,
+    state: _State,
+    plan: RoundPlan,
+    confidence: float,
+    looks: int,
+    threads: int,
+    device: str,
+    probe: ContentionProbe | None,
+    elapsed: float,
+    load: float | None,
+    interleaved: bool,
 ) -> LatencyResult:
     summary = summarize(state.kept, confidence) if state.kept else _empty_summary(confidence)
+    # the bounds are at the per-look level; what the verdict holds at overall is the plan's confidence
+    summary = dataclasses.replace(summary, confidence=plan.confidence)
     timer = "cuda event pair per call, synchronized" if device.startswith("cuda") else "perf_counter_ns per call"
     taken = f"{summary.rounds} rounds x {plan.calls_per_round} calls ({summary.samples} samples)"
     if plan.slo_ms is not None:
-        taken += f", adaptive at up to {looks} looks (Bonferroni: bounds at {confidence:.4g} each)"
+        taken += (
+            f", adaptive at up to {looks} looks (Bonferroni: bounds at {confidence:.4g} each, "
+            f"{plan.confidence:.4g} overall)"
+        )
     if interleaved:
         taken += f", interleaved with other models in random order, {BLOCK_WARMUP} untimed calls per block"
     guard = "no contention probe"
@@ -338,7 +354,7 @@ def _result(
         guard = f"{probe.description}; {state.discarded} rounds discarded"
     method = (
         f"{timer}, {plan.warmup} warm-up, {taken}, inference_mode, gc frozen, {threads} threads; {guard}; "
-        f"P99 bound: {summary.p99_bound}, {confidence:.4g} one-sided"
+        f"P99 bound: {summary.p99_bound}, {plan.confidence:.4g} one-sided"
     )
     return LatencyResult(
         summary=summary,
@@ -357,8 +373,27 @@ def _result(
 
 def _empty_summary(confidence: float) -> LatencySummary:
     nan = math.nan
-    return LatencySummary(nan, nan, -math.inf, math.inf, nan, -math.inf, math.inf, nan, -math.inf, math.inf, nan,
-                          -math.inf, math.inf, nan, 0, 0, None, "none: every round discarded", confidence)
+    return LatencySummary(
+        nan,
+        nan,
+        -math.inf,
+        math.inf,
+        nan,
+        -math.inf,
+        math.inf,
+        nan,
+        -math.inf,
+        math.inf,
+        nan,
+        -math.inf,
+        math.inf,
+        nan,
+        0,
+        0,
+        None,
+        "none: every round discarded",
+        confidence,
+    )
 
 
 def _load_average() -> float | None:
@@ -416,7 +451,7 @@ def _time_cuda(model: nn.Module, args: tuple[Any, ...], count: int, device: str,
     with torch.cuda.device(device):
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
-        for start, end in zip(starts, ends):
+        for start, end in zip(starts, ends, strict=True):
             start.record()
             output = model(*args)
             end.record()
@@ -424,4 +459,4 @@ def _time_cuda(model: nn.Module, args: tuple[Any, ...], count: int, device: str,
             del output
     if untimed:
         return np.empty(0, dtype=np.int64)
-    return np.array([start.elapsed_time(end) * 1e6 for start, end in zip(starts, ends)])
+    return np.array([start.elapsed_time(end) * 1e6 for start, end in zip(starts, ends, strict=True)])

@@ -1,6 +1,7 @@
 """Memory of a model at inference: parameters as stored, peak activations, KV cache, optimizer state.
 
-M = M_params + M_activations + M_kv_cache + M_optimizer: the four terms of inference memory; at inference M_optimizer = 0.
+M = M_params + M_activations + M_kv_cache + M_optimizer, the four terms of inference memory; at
+inference M_optimizer = 0.
 """
 
 from __future__ import annotations
@@ -330,12 +331,13 @@ def _own_tensors(module: nn.Module) -> Iterator[tuple[object, torch.Tensor, torc
     for buffer in module.buffers(recurse=False):
         yield buffer, buffer, buffer.dtype, False
     # torch.ao quantized modules expose packed weights through methods, not as parameters
-    if callable(getattr(module, "weight", None)) and callable(getattr(module, "bias", None)):
-        weight = module.weight()
+    weight_of, bias_of = getattr(module, "weight", None), getattr(module, "bias", None)
+    if callable(weight_of) and callable(bias_of):
+        weight = weight_of()
         # fp16 dynamic quantization unpacks to fp32; the packed params know the stored dtype
         packed_dtype = getattr(getattr(module, "_packed_params", None), "dtype", weight.dtype)
         yield weight, weight, packed_dtype, True
-        bias = module.bias()
+        bias = bias_of()
         if bias is not None:
             yield bias, bias, bias.dtype, False
 

@@ -161,7 +161,7 @@ def roofline_bound_ms(flops: float, bytes_: float, profile: HardwareProfile, dty
 
 
 def regime(intensity: float, profile: HardwareProfile, dtype: str) -> Regime:
-    """"memory-bound" below the ridge point, "compute-bound" at or above it."""
+    """ "memory-bound" below the ridge point, "compute-bound" at or above it."""
     return "compute-bound" if intensity >= profile.ridge_flop_per_byte(dtype) else "memory-bound"
 
 
@@ -216,8 +216,9 @@ def layer_types(layers: Iterable[Any], profile: HardwareProfile, dtype: str) -> 
     for layer_type, row in sorted(by_type.items(), key=lambda kv: -kv[1]["flops"]):
         intensity = row["flops"] / row["bytes_moved"] if row["bytes_moved"] else math.inf
         kind = regime(intensity, profile, dtype)
-        rows.append({"type": layer_type, **row, "arithmetic_intensity": intensity, "regime": kind,
-                     "pays_off": PAYS_OFF[kind]})
+        rows.append(
+            {"type": layer_type, **row, "arithmetic_intensity": intensity, "regime": kind, "pays_off": PAYS_OFF[kind]}
+        )
     return rows
 
 
@@ -230,9 +231,7 @@ def _parse(text: str, origin: str) -> HardwareProfile:
         raise UsageError(f"Hardware profile {origin} is not valid YAML: {exc}.") from exc
     if not isinstance(data, dict):
         raise UsageError(f"Hardware profile {origin} must be a mapping of fields.")
-    missing = [
-        key for key in ("name", "peak_flops", "memory_bandwidth_bytes_per_s", "sources") if key not in data
-    ]
+    missing = [key for key in ("name", "peak_flops", "memory_bandwidth_bytes_per_s", "sources") if key not in data]
     if missing:
         raise UsageError(f"Hardware profile {origin} lacks {', '.join(missing)}.")
     try:

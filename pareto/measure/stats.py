@@ -115,7 +115,7 @@ def between_round_bounds(
     if not (medians > 0).all():
         return None
     log_medians = np.log(medians)
-    log_shape = np.log(np.maximum(np.concatenate([r / m for r, m in zip(arrays, medians)]), 1e-300))
+    log_shape = np.log(np.maximum(np.concatenate([r / m for r, m in zip(arrays, medians, strict=True)]), 1e-300))
     n_rounds = len(arrays)
     centre, spread = float(log_medians.mean()), float(log_medians.std(ddof=1))
     mean_step = t.ppf(confidence, n_rounds - 1) * spread / math.sqrt(n_rounds)

@@ -11,7 +11,7 @@ from torch import nn
 
 from pareto.errors import UsageError
 from pareto.measure.latency import RoundPlan, measure_latency
-from pareto.measure.stats import MIN_SAMPLES_P99, Verdict, slo_verdict
+from pareto.measure.stats import LatencySummary, Verdict, slo_verdict
 
 #: A batch is "saturated" once its throughput reaches this fraction of the sweep's maximum.
 SATURATION_FRACTION = 0.9
@@ -74,6 +74,28 @@ def default_batch_sweep(limit: int) -> list[int]:
     return sweep
 
 
+def _checked_batches(batch_sizes: Iterable[int]) -> list[int]:
+    batches = sorted(set(batch_sizes))
+    if not batches:
+        raise UsageError("A throughput sweep needs at least one batch size.")
+    if batches[0] < 1:
+        raise UsageError(f"Batch sizes must be at least 1, got {batches[0]}.")
+    return batches
+
+
+def _point(batch: int, s: LatencySummary, slo_ms: float | None) -> ThroughputPoint:
+    return ThroughputPoint(
+        batch=batch,
+        p50_ms=s.p50_ms,
+        p99_ms=s.p99_ms,
+        p99_upper_ms=s.p99_upper_ms,
+        mean_ms=s.mean_ms,
+        throughput_per_s=batch / (s.mean_ms / 1e3),
+        samples=s.samples,
+        verdict=slo_verdict(s.p99_lower_ms, s.p99_upper_ms, slo_ms, s.samples) if slo_ms else None,
+    )
+
+
 def throughput_curve(
     model: nn.Module,
     example_input: Callable[[int], Any],
@@ -94,26 +116,18 @@ def throughput_curve(
     Args:
         model: The module (put in eval mode and moved to ``device`` in place).
         example_input: ``batch_size -> input``, the task's ``example_input``.
-        batch_sizes: Batch sizes to measure, e.g. ``default_batch_sweep(256)``; sorted and deduplicated.
-        device: "auto", "cpu", "cuda" or "cuda:N".
+        batch_sizes: Batch sizes to measure, e.g. ``default_batch_sweep(256)``.
         plan: How each batch size is timed (rounds, samples, warm-up, confidence); None builds one
             from ``plan_fields`` (``samples=662, warmup=50``...).
         threads: Torch threads while timing; None keeps the current count.
         slo_ms: P99 SLO in ms for ``max_batch_within_slo``; None leaves it None.
-
-    Returns:
-        The curve.
 
     Raises:
         UsageError: no batch sizes, a batch size below 1, the first batch out of memory, or a bad
             ``measure_latency`` argument.
     """
     plan = plan or RoundPlan(**plan_fields)
-    batches = sorted(set(batch_sizes))
-    if not batches:
-        raise UsageError("A throughput sweep needs at least one batch size.")
-    if batches[0] < 1:
-        raise UsageError(f"Batch sizes must be at least 1, got {batches[0]}.")
+    batches = _checked_batches(batch_sizes)
     points: list[ThroughputPoint] = []
     stopped_reason = None
     method = ""
@@ -123,21 +137,8 @@ def throughput_curve(
         except torch.OutOfMemoryError:
             stopped_reason = f"batch {batch} ran out of device memory; larger batches not measured"
             break
-        s = result.summary
         method = result.method
-        verdict = slo_verdict(s.p99_lower_ms, s.p99_upper_ms, slo_ms, s.samples) if slo_ms else None
-        points.append(
-            ThroughputPoint(
-                batch=batch,
-                p50_ms=s.p50_ms,
-                p99_ms=s.p99_ms,
-                p99_upper_ms=s.p99_upper_ms,
-                mean_ms=s.mean_ms,
-                throughput_per_s=batch / (s.mean_ms / 1e3),
-                samples=s.samples,
-                verdict=verdict,
-            )
-        )
+        points.append(_point(batch, result.summary, slo_ms))
     if not points:
         raise UsageError(f"Batch {batches[0]} already runs out of device memory; try a smaller batch.")
     best = max(point.throughput_per_s for point in points)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
 from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -135,9 +135,7 @@ def require_schema(engine: Engine) -> None:
         StoreError: the database has no pareto tables yet.
     """
     if not inspect(engine).has_table("pareto_studies"):
-        raise StoreError(
-            f"Database {_safe(str(engine.url))} has no pareto studies yet; run 'pareto search' first."
-        )
+        raise StoreError(f"Database {_safe(str(engine.url))} has no pareto studies yet; run 'pareto search' first.")
 
 
 @contextmanager

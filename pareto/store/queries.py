@@ -15,6 +15,7 @@ from pareto.store.models import Environment, HardwareCalibration, Measurement, S
 if TYPE_CHECKING:
     from pareto.measure.roofline import HardwareProfile
 
+
 def get_study(session: Session, name: str) -> Study:
     """The study called ``name``.
 
@@ -108,10 +109,7 @@ def choose_environment(session: Session, study: Study, choice: str | None) -> En
     known = study_environments(session, study)
     if not known:
         return None
-    if choice == "latest":
-        matches = [known[0]]
-    else:
-        matches = [e for e in known if e["key"].startswith(choice)]
+    matches = [known[0]] if choice == "latest" else [e for e in known if e["key"].startswith(choice)]
     if len(matches) != 1:
         listed = ", ".join(f"{e['key']} ({e['device_name']}, {e['threads']} threads, {e['hostname']})" for e in known)
         what = "matches none" if not matches else "matches several"
@@ -168,14 +166,18 @@ def trial_measurements(session: Session, study: Study, number: int) -> tuple[int
     Raises:
         UsageError: no such trial, or one that was never measured (failed, busy, a repeat).
     """
-    trial = session.scalars(select(Trial).where(Trial.study_id == study.id, Trial.optuna_number == number)).one_or_none()
+    trial = session.scalars(
+        select(Trial).where(Trial.study_id == study.id, Trial.optuna_number == number)
+    ).one_or_none()
     if trial is None:
         last = session.scalar(select(func.max(Trial.optuna_number)).where(Trial.study_id == study.id))
         known = f"its trials are 0 to {last}" if last is not None else "it has no trials yet"
         raise UsageError(f"Study {study.name!r} has no trial {number}; {known}.")
     if trial.state != "COMPLETE":
         why = f" ({trial.error})" if trial.error else ""
-        raise UsageError(f"Trial {number} of study {study.name!r} is {trial.state}{why}; there is no measurement to compare with.")
+        raise UsageError(
+            f"Trial {number} of study {study.name!r} is {trial.state}{why}; there is no measurement to compare with."
+        )
     found = [c for c in candidates(session, study) if c.trial == number]
     order = {e["key"]: i for i, e in enumerate(study_environments(session, study))}
     return trial.id, sorted(found, key=lambda c: order.get(c.environment["key"], len(order)))
@@ -246,8 +248,11 @@ def latest_calibration(session: Session, fingerprint: dict[str, Any]) -> Hardwar
 
     newest = (HardwareCalibration.created_at.desc(), HardwareCalibration.id.desc())
     exact = session.scalars(
-        select(HardwareCalibration).join(Environment).where(Environment.key == environment_key(fingerprint))
-        .order_by(*newest).limit(1)
+        select(HardwareCalibration)
+        .join(Environment)
+        .where(Environment.key == environment_key(fingerprint))
+        .order_by(*newest)
+        .limit(1)
     ).one_or_none()
     if exact is not None:
         return exact
@@ -280,9 +285,7 @@ def calibration_profile(row: HardwareCalibration) -> HardwareProfile:
     )
 
 
-def host_calibration(
-    session: Session | None, fingerprint: dict[str, Any]
-) -> tuple[HardwareProfile | None, str | None]:
+def host_calibration(session: Session | None, fingerprint: dict[str, Any]) -> tuple[HardwareProfile | None, str | None]:
     """This host's latest calibration as a roofline profile, or None and why.
 
     A calibration that a measurement beat (``suspect_reason``) is not used: its ceilings are wrong.

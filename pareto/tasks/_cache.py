@@ -49,7 +49,9 @@ def save_state(state: dict[str, torch.Tensor], path: Path) -> None:
         raise
 
 
-def trained_model(path: Path, build: Callable[[], nn.Module], train: Callable[[], dict[str, torch.Tensor]]) -> nn.Module:
+def trained_model(
+    path: Path, build: Callable[[], nn.Module], train: Callable[[], dict[str, torch.Tensor]]
+) -> nn.Module:
     """The model ``build`` makes, with weights from the cache at ``path``, trained by ``train`` on first use.
 
     Built on the meta device and given the stored tensors: no wasted init, the caller's RNG untouched.

@@ -42,9 +42,12 @@ def make_task() -> Task:
 def _build_model() -> nn.Sequential:
     w = HIDDEN_WIDTH
     return nn.Sequential(
-        nn.Linear(64, w), nn.ReLU(),
-        nn.Linear(w, w), nn.ReLU(),
-        nn.Linear(w, w), nn.ReLU(),
+        nn.Linear(64, w),
+        nn.ReLU(),
+        nn.Linear(w, w),
+        nn.ReLU(),
+        nn.Linear(w, w),
+        nn.ReLU(),
         nn.Linear(w, 10),
     )
 

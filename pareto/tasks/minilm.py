@@ -233,7 +233,10 @@ def make_task() -> Task:
     transformer, tokenizer = _load()
     model = SentenceEncoder(transformer).eval()
     padded = tokenizer(
-        list(SENTENCES), padding="max_length", truncation=True, max_length=SEQUENCE_LENGTH,
+        list(SENTENCES),
+        padding="max_length",
+        truncation=True,
+        max_length=SEQUENCE_LENGTH,
         return_tensors="pt",
     )
     input_ids, attention_mask = padded["input_ids"], padded["attention_mask"]

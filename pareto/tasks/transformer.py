@@ -58,8 +58,15 @@ class TransformerClassifier(nn.Module):
     """
 
     def __init__(
-        self, *, vocab_size: int, sequence_length: int, width: int, heads: int, layers: int,
-        ffn_width: int, classes: int,
+        self,
+        *,
+        vocab_size: int,
+        sequence_length: int,
+        width: int,
+        heads: int,
+        layers: int,
+        ffn_width: int,
+        classes: int,
     ) -> None:
         super().__init__()
         self.token = nn.Embedding(vocab_size, width)
@@ -70,9 +77,7 @@ class TransformerClassifier(nn.Module):
         layer = nn.TransformerEncoderLayer(
             width, heads, ffn_width, dropout=0.0, activation=nn.SiLU(), batch_first=True, norm_first=True
         )
-        self.encoder = nn.TransformerEncoder(
-            layer, layers, norm=nn.LayerNorm(width), enable_nested_tensor=False
-        )
+        self.encoder = nn.TransformerEncoder(layer, layers, norm=nn.LayerNorm(width), enable_nested_tensor=False)
         self.head = nn.Sequential(nn.Linear(width, width), nn.Tanh(), nn.Linear(width, classes))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -128,8 +133,13 @@ def sentences(n: int, *, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _build_model() -> TransformerClassifier:
     return TransformerClassifier(
-        vocab_size=VOCAB_SIZE, sequence_length=SEQUENCE_LENGTH, width=WIDTH, heads=HEADS,
-        layers=LAYERS, ffn_width=FFN_WIDTH, classes=CLASSES,
+        vocab_size=VOCAB_SIZE,
+        sequence_length=SEQUENCE_LENGTH,
+        width=WIDTH,
+        heads=HEADS,
+        layers=LAYERS,
+        ffn_width=FFN_WIDTH,
+        classes=CLASSES,
     )
 
 
