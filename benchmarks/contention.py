@@ -37,7 +37,7 @@ def main() -> None:
     for suffix in ("", "-wal", "-shm"):
         if os.path.exists(args.db + suffix):
             os.remove(args.db + suffix)
-    cli = [sys.executable, "-c", "import sys, cli; sys.exit(cli.main())"]
+    cli = [sys.executable, "-m", "pareto"]
     search = subprocess.Popen(
         [*cli, "search", "--slo-p99", "7ms", "--n-trials", str(args.n_trials), "--db", args.db],
         stdout=subprocess.PIPE,

@@ -40,8 +40,8 @@ def main() -> None:
     for i in range(args.repeats):
         command = [
             sys.executable,
-            "-c",
-            "import sys, cli; sys.exit(cli.main())",
+            "-m",
+            "pareto",
             "measure",
             "--study",
             pick["study"],

@@ -91,10 +91,9 @@ def start_run(bench: Bench, *, kind: str, study_id: int | None) -> RunHandle:
             probe = ContentionProbe(
                 bench.device,
                 threads=bench.threads,
-                stored_quiet_ms=env.probe_quiet_ms,
+                stored_quiet_ms=queries.probe_quiet_ms(session, env.key),
                 limit=bench.measure.contention_limit,
             )
-            env.probe_quiet_ms = probe.quiet_ms
         run = Run(
             study_id=study_id,
             kind=kind,

@@ -384,7 +384,6 @@ def _read_only_bench(task: Any, settings: Any, db: str | None) -> dict[str, Any]
     from pareto.measure.latency import resolve_device
     from pareto.measure.probe import ContentionProbe
     from pareto.measure.roofline import resolve_profile
-    from pareto.store.models import Environment
 
     device = resolve_device(settings.device)
     threads = settings.threads or torch.get_num_threads()
@@ -395,8 +394,7 @@ def _read_only_bench(task: Any, settings: Any, db: str | None) -> dict[str, Any]
         require_schema(engine)
         with session_scope(engine) as session:
             calibration, note = queries.host_calibration(session, env)
-            row = session.query(Environment).filter(Environment.key == environment_key(env)).one_or_none()
-            quiet = row.probe_quiet_ms if row is not None else None
+            quiet = queries.probe_quiet_ms(session, environment_key(env))
     except StoreError:
         pass  # no database yet: no calibration, and the probe's quiet time is this run's own
     profile, missing = resolve_profile(settings.hardware, fingerprint=env, calibration=calibration)

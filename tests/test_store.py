@@ -209,3 +209,26 @@ def test_resolve_url(monkeypatch: pytest.MonkeyPatch) -> None:
     assert resolve_url(None) == "sqlite:///env.db"
     with pytest.raises(StoreError, match="Cannot open database"):
         open_engine(resolve_url("nonsense://x/y"))
+
+
+def test_the_probe_quiet_time_is_the_median_of_recent_runs(db_url: str) -> None:
+    from pareto.store.models import Run
+    from pareto.store.queries import QUIET_RUNS, probe_quiet_ms
+
+    engine = open_engine(db_url)
+    upgrade(engine)
+    with session_scope(engine) as session:
+        assert probe_quiet_ms(session, "k") is None
+        env = Environment(key="k", device="cpu", device_name="x", torch_version="2", cpu_model="x", threads=2,
+                          hostname="h", details={})  # fmt: skip
+        session.add(env)
+        session.flush()
+        # an old lucky low, then recent references (one taken on a busy machine)
+        for ref in [0.1] + [2.0, 2.2, 1.9, 9.0] * 3:
+            session.add(Run(kind="search", environment_id=env.id, hostname="h", pid=1, probe_reference_ms=ref,
+                            details={}))  # fmt: skip
+    with session_scope(engine) as session:
+        assert QUIET_RUNS == 10
+        assert probe_quiet_ms(session, "k") == pytest.approx(
+            2.1
+        )  # the lucky low has aged out; the busy one is outvoted

@@ -50,9 +50,6 @@ def upgrade() -> None:
     with op.batch_alter_table('pareto_runs', schema=None) as batch_op:
         batch_op.create_index(batch_op.f('ix_pareto_runs_study_id'), ['study_id'], unique=False)
 
-    with op.batch_alter_table('pareto_environments', schema=None) as batch_op:
-        batch_op.add_column(sa.Column('probe_quiet_ms', sa.Float(), nullable=True))
-
     with op.batch_alter_table('pareto_calibrations', schema=None) as batch_op:
         batch_op.add_column(sa.Column('suspect_reason', sa.Text(), nullable=True))
 
@@ -94,8 +91,6 @@ def downgrade() -> None:
         batch_op.create_unique_constraint('uq_pareto_measurements_trial_id', ['trial_id'])
     with op.batch_alter_table('pareto_calibrations', schema=None) as batch_op:
         batch_op.drop_column('suspect_reason')
-    with op.batch_alter_table('pareto_environments', schema=None) as batch_op:
-        batch_op.drop_column('probe_quiet_ms')
     with op.batch_alter_table('pareto_runs', schema=None) as batch_op:
         batch_op.drop_index(batch_op.f('ix_pareto_runs_study_id'))
     op.drop_table('pareto_runs')

@@ -38,8 +38,8 @@ class ContentionProbe:
     """Times the reference workload on ``device``; compares it with the environment's quiet time.
 
     Building one measures this run's reference (``run_reference_ms``, about 0.3 s); the quiet time
-    is the lower of it and the environment's stored quiet time, so a first reference taken on a busy
-    machine is replaced by the next quieter one.
+    is the lower of it and the environment's stored quiet time (the median reference of its recent
+    runs), so a run that starts on a busy machine still compares with the machine's normal state.
 
     Args:
         device: A resolved device ("cpu", "cuda:N").

@@ -34,8 +34,6 @@ class Environment(Base):
     threads: Mapped[int] = mapped_column(Integer)
     hostname: Mapped[str] = mapped_column(String(256))
     details: Mapped[dict[str, Any]] = mapped_column(JSON)
-    #: the contention probe's lowest reference time here: what "quiet" means in this environment
-    probe_quiet_ms: Mapped[float | None] = mapped_column(Float)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session, joinedload
 from pareto.errors import UsageError
 from pareto.frontier import DEFAULT_OBJECTIVE_NAMES, Candidate
 from pareto.metrics import Metrics
-from pareto.store.models import Environment, HardwareCalibration, Measurement, Study, Trial
+from pareto.store.models import Environment, HardwareCalibration, Measurement, Run, Study, Trial
 
 if TYPE_CHECKING:
     from pareto.measure.roofline import HardwareProfile
@@ -206,6 +206,28 @@ def _candidate(study: str, m: Measurement, base: Measurement | None, basis: str 
         environment=environment_dict(m.environment),
         confirmation=confirmation,
     )
+
+
+#: How many recent runs of an environment set its quiet probe time.
+QUIET_RUNS = 10
+
+
+def probe_quiet_ms(session: Session, environment_key: str) -> float | None:
+    """What "quiet" means for the contention probe here: the median reference of the environment's
+    last ``QUIET_RUNS`` runs (None before the first). A median, not the lowest ever: a shared machine's
+    normal speed moves over a day, and the lowest reference would call its normal state busy."""
+    refs = session.scalars(
+        select(Run.probe_reference_ms)
+        .join(Environment, Run.environment_id == Environment.id)
+        .where(Environment.key == environment_key, Run.probe_reference_ms.is_not(None))
+        .order_by(Run.id.desc())
+        .limit(QUIET_RUNS)
+    ).all()
+    values = sorted(r for r in refs if r is not None)
+    if not values:
+        return None
+    middle = len(values) // 2
+    return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
 
 
 def study_summaries(session: Session) -> list[dict[str, Any]]:
