@@ -222,6 +222,8 @@ def confirm(
 
     if top < 1 or not margin >= 1:
         raise UsageError(f"--top must be at least 1 and --margin at least 1, got {top} and {margin}.")
+    if environment == "all":
+        raise UsageError("Confirmation compares measurements within one environment; name one with --environment KEY.")
     url = resolve_url(db)
     engine = open_engine(url, create=False)
     require_schema(engine)
