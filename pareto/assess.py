@@ -92,6 +92,7 @@ def latency_fields(latency: LatencyResult, batch_size: int) -> dict[str, Any]:
         "latency_p99_lower_ms": _finite_or_none(s.p99_lower_ms),
         "latency_p99_upper_ms": _finite_or_none(s.p99_upper_ms),
         "latency_p999_ms": s.p999_ms,
+        "latency_p999_upper_ms": _finite_or_none(s.p999_upper_ms),
         "p99_p50_ratio": s.p99_p50_ratio,
         "samples": s.samples,
         "warmup": latency.warmup,

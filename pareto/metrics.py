@@ -73,6 +73,8 @@ class Metrics:
     probe_ratio_max: float | None = None  #: the slowest probe over its quiet time
     load_average: float | None = None  #: the 1-minute load average when timing began
     roofline_suspect: bool | None = None  #: ran faster than the roofline bound: the ceiling is wrong
+    # revision 0004
+    latency_p999_upper_ms: float | None = None  #: None below 4,603 calls (the fewest that bound it at 99 %)
 
     def to_dict(self) -> dict[str, Any]:
         """Field name → value; infinite floats become None (JSON has no infinity)."""
