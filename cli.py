@@ -329,11 +329,14 @@ def _environment_note(environment: dict[str, Any]) -> None:
         err.print(environment["note"], markup=False)
 
 
-@cli.command()
+@cli.group(invoke_without_command=True)
 @db_option
 @json_option
-def studies(db: str | None, as_json: bool) -> None:
-    """The studies in the database."""
+@click.pass_context
+def studies(ctx: click.Context, db: str | None, as_json: bool) -> None:
+    """The studies in the database: trial counts, environments, last nightly. `studies delete NAME` removes one."""
+    if ctx.invoked_subcommand is not None:
+        return
     from pareto.api import studies as query
 
     rows = query(db=db)
@@ -341,34 +344,105 @@ def studies(db: str | None, as_json: bool) -> None:
         _print_json(rows)
         return
     table = Table(title="Studies")
-    for column in (
-        "study",
-        "task",
-        "scenario",
-        "objectives",
-        "complete",
-        "failed",
-        "duplicate",
-        "P99 SLO",
-        "environments",
-        "updated",
-    ):
+    columns = ("study", "task", "objectives", "complete", "failed", "duplicate", "running", "P99 SLO")
+    for column in (*columns, "environments", "last nightly", "updated"):
         table.add_column(column)
     for r in rows:
         p99 = r["slo"].get("p99")
+        nightly = r["last_nightly"]
         table.add_row(
             r["study"],
             r["task"],
-            r["scenario"] or "—",
             ",".join(r["objectives"]),
             str(r["complete"]),
             str(r["failed"]),
             str(r["duplicate"]),
+            str(r["running"]),
             format_ms(p99) if p99 else "—",
             str(r["environments"]),
+            f"{nightly['started_at'][:16].replace('T', ' ')} {nightly['status']}" if nightly else "—",
             r["updated_at"][:19].replace("T", " "),
         )
     out.print(table)
+
+
+@studies.command("delete")
+@click.argument("name")
+@click.option("--yes", is_flag=True, help="Do not ask.")
+@db_option
+def studies_delete(name: str, yes: bool, db: str | None) -> None:
+    """Remove study NAME: its trials, measurements, runs, nightly history, and Optuna's study of that name."""
+    from pareto.api import delete_study
+    from pareto.api import studies as query
+
+    known = {r["study"]: r for r in query(db=db)}
+    if name not in known:
+        raise UsageError(f"No study named {name!r}; known: {', '.join(sorted(known)) or 'none'}.")
+    row = known[name]
+    if not yes:
+        click.confirm(
+            f"Delete study {name!r} ({_count(row['complete'], 'measured trial')}, "
+            f"{_count(row['environments'], 'environment')})? This cannot be undone",
+            abort=True,
+            err=True,
+        )
+    removed = delete_study(name, db=db)
+    out.print(
+        f"Deleted study {name!r}: {_count(removed['trials'], 'trial')}, "
+        f"{_count(removed['measurements'], 'measurement')}, "
+        f"{_count(removed['nightly_runs'], 'nightly run')}; Optuna's study {removed['optuna']}."
+    )
+
+
+@cli.command()
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Nightly config (configs/nightly.yaml).")
+@click.option("--study", help="Study name [default: the config's].")
+@click.option("--task", help="Task [default: the config's].")
+@click.option("--time-budget", type=DURATION, help="The whole job's time, e.g. 10min [default: the config's].")
+@db_option
+@json_option
+def nightly(
+    config_path: str | None,
+    study: str | None,
+    task: str | None,
+    time_budget: str | None,
+    db: str | None,
+    as_json: bool,
+) -> int:
+    """Re-measure a study's pick and frontier, search on, report regressions (exit 3) and keep history."""
+    from pareto.api import nightly as run
+    from pareto.report import ProgressReporter
+    from pareto.spec import load_nightly
+
+    overrides = {"study": study, "task": task, "nightly.time_budget": time_budget}
+    spec, settings, config_db = load_nightly(config_path, overrides)
+    with ProgressReporter(err, enabled=not as_json) as reporter:
+        result = run(spec, settings, db=db or config_db, reporter=reporter, notice=lambda m: err.print(m, markup=False))
+    if as_json:
+        _print_json(result.summary)
+    else:
+        from pareto.report import nightly_card
+
+        out.print(nightly_card(result.summary))
+    err.print(f"Summary written to {result.markdown_path} and {result.json_path}.", markup=False)
+    return result.exit_code
+
+
+@cli.command()
+@study_option
+@db_option
+@json_option
+def history(study: str | None, db: str | None, as_json: bool) -> None:
+    """Every nightly run of a study: status, pick before and after, its P99, regressions, environment changes."""
+    from pareto.api import history as query
+
+    rows = query(study=study, db=db)
+    if as_json:
+        _print_json(rows)
+        return
+    from pareto.report import history_table
+
+    out.print(history_table(rows))
 
 
 @cli.command()

@@ -7,9 +7,21 @@ torch; ``search`` runs the measurements (and imports torch and Optuna when calle
 from __future__ import annotations
 
 # imported after the submodules they share names with, so `pareto.frontier` is the function; the
-# search runs in `pareto._search`, whose name no public function shares
-from pareto.api import best, confirm, frontier, remeasure, search, studies
+# search runs in `pareto._search` and the nightly job in `pareto._nightly`, whose names no public function shares
+from pareto.api import best, confirm, delete_study, frontier, history, nightly, remeasure, search, studies
 from pareto.task import AttentionShape, Task
 
-__all__ = ["AttentionShape", "Task", "best", "confirm", "frontier", "remeasure", "search", "studies"]
+__all__ = [
+    "AttentionShape",
+    "Task",
+    "best",
+    "confirm",
+    "delete_study",
+    "frontier",
+    "history",
+    "nightly",
+    "remeasure",
+    "search",
+    "studies",
+]
 __version__ = "0.1.0"

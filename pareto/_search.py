@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 import threading
 import warnings
 from dataclasses import dataclass, field
@@ -150,7 +151,7 @@ def _prepare(spec: SearchSpec, db_url: str, reporter: Reporter) -> _Setup:
     check_input_fits(task)
     with session_scope(bench.engine) as session:
         spec = _adopt_stored_objectives(session, spec)
-        study_row = _get_or_create_study(session, spec)
+        study_row = get_or_create_study(session, spec)
         study_id, stored = study_row.id, len(study_row.trials)
     if bench.profile_note:
         reporter.notice(bench.profile_note)
@@ -380,32 +381,50 @@ def _result(
     )
 
 
+def quiet_interrupts(hook: Any) -> Any:
+    """An ``sys.unraisablehook`` that drops a KeyboardInterrupt Python could not raise (it landed in
+    a finalizer): the stop it stands for is kept in a flag, and the user sees no traceback."""
+
+    def unraisable(info: Any) -> None:
+        if not isinstance(info.exc_value, KeyboardInterrupt):
+            hook(info)
+
+    return unraisable
+
+
 class _StopOnInterrupt:
-    """First Ctrl-C: finish the trial in progress, then stop. Second Ctrl-C: abandon it at once.
+    """First Ctrl-C: finish the trial in progress, then stop. Second Ctrl-C, or SIGTERM (systemd
+    stopping a service, Kubernetes ending a pod): abandon it at once.
 
     A KeyboardInterrupt raised at an arbitrary point can land in a finalizer during garbage
-    collection, where Python prints and swallows it; a flag checked between trials cannot be lost.
+    collection, where Python prints and swallows it; the stop requested first cannot be lost.
     """
 
     def __init__(self, study: optuna.Study, reporter: Reporter) -> None:
         self.study, self.reporter = study, reporter
         self.requested = False
-        self._previous: Any = None
+        self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> _StopOnInterrupt:
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._handle)
+            self._hook = sys.unraisablehook
+            sys.unraisablehook = quiet_interrupts(self._hook)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        if self._previous:
+            sys.unraisablehook = self._hook
 
     def _handle(self, signum: int, frame: Any) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
+        already = self.requested
         self.requested = True
         self.study.stop()
+        if already or signum == signal.SIGTERM:
+            raise KeyboardInterrupt
 
     def after_trial(self, _study: optuna.Study, _trial: optuna.trial.FrozenTrial) -> None:
         if self.requested:
@@ -563,7 +582,7 @@ def _adopt_stored_objectives(session: Session, spec: SearchSpec) -> SearchSpec:
     return spec.model_copy(update={"objectives": row.spec["objectives"]})
 
 
-def _get_or_create_study(session: Session, spec: SearchSpec) -> Study:
+def get_or_create_study(session: Session, spec: SearchSpec) -> Study:
     row = session.scalars(select(Study).where(Study.name == spec.study_name)).one_or_none()
     spec_json = spec.model_dump(mode="json")
     if row is None:

@@ -30,8 +30,9 @@ from pareto.store.models import Study
 from pareto.units import parse_duration_ms, parse_size_bytes
 
 if TYPE_CHECKING:
+    from pareto._nightly import NightlyResult
     from pareto._search import Reporter, SearchResult
-    from pareto.spec import SearchSpec
+    from pareto.spec import NightlySettings, SearchSpec
 
 
 def best(
@@ -113,6 +114,68 @@ def search(spec: SearchSpec | None = None, *, db: str | None = None, reporter: R
     from pareto.spec import SearchSpec as _Spec
 
     return run_search(spec or _Spec(), db_url=resolve_url(db), reporter=reporter)
+
+
+def nightly(
+    spec: SearchSpec,
+    settings: NightlySettings | None = None,
+    *,
+    db: str | None = None,
+    reporter: Reporter | None = None,
+    notice: Any = None,
+) -> NightlyResult:
+    """Run one nightly job of ``spec.study_name`` (imports torch and Optuna); see ``pareto._nightly``.
+
+    Raises:
+        LockHeld: another nightly of the study is running (exit code 75).
+    """
+    from pareto._nightly import run_nightly
+    from pareto.spec import NightlySettings as _Settings
+
+    return run_nightly(
+        spec, settings or _Settings(), db_url=resolve_url(db), reporter=reporter, notice=notice or (lambda _: None)
+    )
+
+
+def history(*, study: str | None = None, db: str | None = None) -> list[dict[str, Any]]:
+    """Every nightly run of a study, oldest first: status, pick before and after, regressions."""
+    from pareto._nightly import history as _history
+
+    engine = open_engine(resolve_url(db), create=False)
+    require_schema(engine)
+    with session_scope(engine) as session:
+        name = study or queries.default_study(session).name
+        queries.get_study(session, name)
+    return _history(engine, name)
+
+
+def delete_study(name: str, *, db: str | None = None) -> dict[str, Any]:
+    """Remove a study: pareto's rows (trials, measurements, runs, nightly history) and Optuna's study.
+
+    Raises:
+        UsageError: no such study.
+    """
+    url = resolve_url(db)
+    engine = open_engine(url, create=False)
+    require_schema(engine)
+    with session_scope(engine) as session:
+        removed = queries.delete_study(session, name)
+    removed["optuna"] = _delete_optuna_study(name, url)
+    return removed
+
+
+def _delete_optuna_study(name: str, url: str) -> str:
+    import optuna
+
+    from pareto.store.engine import engine_kwargs
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs(url))
+    try:
+        optuna.delete_study(study_name=name, storage=storage)
+    except KeyError:
+        return "was not there"
+    return "deleted"
 
 
 @dataclass

@@ -101,6 +101,7 @@ def latency_fields(latency: LatencyResult, batch_size: int) -> dict[str, Any]:
         "rounds": s.rounds,
         "discarded_rounds": latency.discarded_rounds,
         "round_spread": s.round_spread,
+        "round_medians_ms": [round(m, 6) for m in s.round_medians_ms],
         "p99_bound": s.p99_bound,
         "probe_ratio_max": latency.probe_ratio_max,
         "load_average": latency.load_average,

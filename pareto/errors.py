@@ -44,3 +44,12 @@ class MachineBusy(ParetoError):
     """
 
     exit_code = 75
+
+
+class LockHeld(ParetoError):
+    """Another job holds the lock this one needs (a nightly of the same study).
+
+    Exit code 75 (EX_TEMPFAIL, sysexits.h): the other job is doing the work; try again later.
+    """
+
+    exit_code = 75

@@ -75,6 +75,8 @@ class Metrics:
     roofline_suspect: bool | None = None  #: ran faster than the roofline bound: the ceiling is wrong
     # revision 0004
     latency_p999_upper_ms: float | None = None  #: None below 4,603 calls (the fewest that bound it at 99 %)
+    # revision 0005
+    round_medians_ms: list[Any] | None = None  #: the median of each round kept, in ms (regression tests)
 
     def to_dict(self) -> dict[str, Any]:
         """Field name → value; infinite floats become None (JSON has no infinity)."""

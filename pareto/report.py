@@ -498,3 +498,73 @@ def _environment(env: dict[str, Any]) -> str:
         f"{env['device']} · {env['device_name']} · torch {env['torch_version']} · {env['threads']} threads · "
         f"{env['hostname']}"
     )
+
+
+def nightly_card(summary: dict[str, Any]) -> Group:
+    """A nightly job's outcome: status, environment changes, re-measured configurations, pick before and after."""
+    style = {"ok": "green", "regression": "bold red", "noisy": "yellow"}.get(summary["status"], "yellow")
+    parts: list[Any] = [Text(f"Nightly of study {summary['study']!r}: {summary['status']}", style=style)]
+    for change in summary.get("environment_changes") or []:
+        parts.append(Text(f"Environment changed: {change}", style="yellow"))
+    if summary.get("comparisons"):
+        table = Table(title="Re-measured with the baseline (interleaved rounds)", title_justify="left")
+        for name in ("trial", "configuration", "p99 before", "p99 now", "ratio", "test", "finding"):
+            table.add_column(name, overflow="fold")
+        for c in summary["comparisons"]:
+            test = c["test"] + (f" p={c['p_value']:.2g}" if c["p_value"] is not None else "")
+            table.add_row(
+                str(c["trial"]),
+                escape(c["description"]),
+                format_ms(c["p99_before_ms"]),
+                format_ms(c["p99_after_ms"]),
+                f"{c['ratio']:.2f}x",
+                test,
+                Text(c["reason"], style="red" if c["regression"] else ""),
+            )
+        parts.append(table)
+    for label in ("before", "after"):
+        pick = summary.get(f"pick_{label}")
+        text = (
+            "none"
+            if pick is None
+            else (
+                f"trial {pick['trial']} {pick['description']}: accuracy {pick['accuracy']:.4f}, "
+                f"P99 {format_ms(pick['latency_p99_ms'])} (≤ {format_ms(pick['latency_p99_upper_ms'])})"
+            )
+        )
+        parts.append(Text(f"Pick {label}: {text}"))
+    parts.append(
+        Text(
+            f"{summary.get('trials_run', 0)} new trials; frontier added {summary.get('frontier_added')}, "
+            f"removed {summary.get('frontier_removed')}; {summary.get('elapsed_s')} s.",
+            style="dim",
+        )
+    )
+    return Group(*parts)
+
+
+def history_table(rows: list[dict[str, Any]]) -> Table | Text:
+    """One row per nightly run, oldest first: the pick's P99 across nights shows a slow drift."""
+    if not rows:
+        return Text("No nightly runs of this study yet; run 'pareto nightly'.", style="yellow")
+    table = Table(title="Nightly history", title_justify="left")
+    for name in ("started (UTC)", "status", "host", "environment", "pick", "pick p99", "p99 ≤", "new trials", "notes"):
+        table.add_column(name, overflow="fold")
+    for r in rows:
+        pick = r["pick_after"] or r["pick_before"]
+        remeasured = next((c for c in r["comparisons"] if pick and c["trial"] == pick["trial"]), None)
+        notes = [*r["environment_changes"], *(c["reason"] for c in r["regressions"])]
+        if r["frontier_added"] or r["frontier_removed"]:
+            notes.append(f"frontier +{r['frontier_added']} -{r['frontier_removed']}")
+        table.add_row(
+            r["started_at"][:16].replace("T", " "),
+            Text(r["status"], style={"ok": "green", "regression": "red"}.get(r["status"], "yellow")),
+            r["host"],
+            r["environment"],
+            str(pick["trial"]) if pick else "—",
+            format_ms(remeasured["p99_after_ms"] if remeasured else pick and pick["latency_p99_ms"]),
+            format_ms(pick["latency_p99_upper_ms"]) if pick else "—",
+            str(r["trials_run"]),
+            escape("; ".join(notes)),
+        )
+    return table

@@ -12,6 +12,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from pareto.errors import UsageError
 from pareto.frontier import DEFAULT_OBJECTIVE_NAMES
+from pareto.regression import DEFAULT_P_VALUE as DEFAULT_REGRESSION_P_VALUE
+from pareto.regression import DEFAULT_THRESHOLD as DEFAULT_REGRESSION_THRESHOLD
 from pareto.slo import DEFAULT_CONFIDENCE, DEFAULT_CONTENTION_LIMIT, DEFAULT_ROUNDS, MIN_CONFIDENCE, MIN_SAMPLES_P99
 from pareto.units import parse_duration_ms, parse_rate_per_s, parse_size_bytes
 
@@ -241,8 +243,19 @@ def load_spec(path: str | os.PathLike[str] | None = None, overrides: dict[str, A
     Raises:
         UsageError: unreadable or malformed YAML, unknown keys, or invalid values.
     """
+    where = str(path) if path is not None else "search spec"
+    data = read_config(path)
+    apply_overrides(data, overrides)
+    return validate_spec(data, where)
+
+
+def read_config(path: str | os.PathLike[str] | None) -> dict[str, Any]:
+    """A YAML config file as a mapping ({} for None).
+
+    Raises:
+        UsageError: unreadable or malformed YAML, or not a mapping.
+    """
     data: dict[str, Any] = {}
-    where = "search spec"
     if path is not None:
         where = str(path)
         try:
@@ -261,6 +274,11 @@ def load_spec(path: str | os.PathLike[str] | None = None, overrides: dict[str, A
         if not isinstance(loaded, dict):
             raise UsageError(f"Config {where} must be a YAML mapping, not {type(loaded).__name__}.")
         data = loaded
+    return data
+
+
+def apply_overrides(data: dict[str, Any], overrides: dict[str, Any] | None) -> None:
+    """Set dotted keys (``{"slo.p99": "7ms"}``) in ``data``, in place; None values are ignored."""
     for dotted, value in (overrides or {}).items():
         if value is None:
             continue
@@ -273,7 +291,44 @@ def load_spec(path: str | os.PathLike[str] | None = None, overrides: dict[str, A
                 node[key] = child
             node = child
         node[leaf] = value
-    return validate_spec(data, where)
+
+
+class NightlySettings(_Strict):
+    """The ``nightly:`` block of a nightly config (``configs/nightly.yaml``)."""
+
+    time_budget: DurationMs = Field(default=600_000.0, gt=0, description="The whole job, e.g. '10min'.")
+    #: re-measure the pick and up to this many other frontier configurations (0: the pick alone)
+    remeasure_top: int = Field(default=4, ge=0)
+    #: a P99 must grow beyond this factor, and significantly, to count as slower
+    threshold: float = Field(default=DEFAULT_REGRESSION_THRESHOLD, gt=1)
+    #: the one-sided Mann-Whitney U test's level
+    p_value: float = Field(default=DEFAULT_REGRESSION_P_VALUE, gt=0, lt=1)
+    #: the Markdown and JSON summaries go here (a relative path is from the working directory)
+    summary_dir: str = "nightly-reports"
+
+
+def load_nightly(
+    path: str | os.PathLike[str] | None, overrides: dict[str, Any] | None = None
+) -> tuple[SearchSpec, NightlySettings, str | None]:
+    """A nightly config: the search spec, the ``nightly:`` block and the ``db:`` URL (None: unsaid).
+
+    Raises:
+        UsageError: as ``load_spec``, for either part.
+    """
+    where = str(path) if path is not None else "nightly config"
+    data = read_config(path)
+    apply_overrides(data, overrides)
+    db = data.pop("db", None)
+    if db is not None and not isinstance(db, str):
+        raise UsageError(f"{where}: db: must be a database URL string.")
+    block = data.pop("nightly", None) or {}
+    if not isinstance(block, dict):
+        raise UsageError(f"{where}: nightly: must be a mapping.")
+    try:
+        settings = NightlySettings.model_validate(block)
+    except ValidationError as exc:
+        raise UsageError(f"{where}: nightly.{describe_validation_error(exc)}.") from exc
+    return validate_spec(data, where), settings, db
 
 
 def validate_spec(data: dict[str, Any], where: str = "search spec") -> SearchSpec:

@@ -29,7 +29,9 @@ def spec(**changes: object) -> SearchSpec:
         "study": "tiny",
         "slo": {"p99": "1s"},
         "search": {"n_trials": 5, "seed": 1},
-        "measure": {"device": "cpu", "threads": 1, "warmup": 5},
+        # the guard is on, with a limit that a shared CI machine's neighbours do not reach: the end of
+        # the search always confirms (tests of the guard itself use their own probe)
+        "measure": {"device": "cpu", "threads": 1, "warmup": 5, "contention_limit": 50},
         "space": SPACE,
     }
     data.update(changes)
@@ -189,7 +191,7 @@ def test_a_busy_machine_stores_no_verdict_and_hides_the_trial_from_the_sampler(
 
     def read(self: probe_module.ContentionProbe) -> probe_module.ProbeReading:
         reading = real_read(self)
-        return probe_module.ProbeReading(reading.ms * 10, 10.0) if state["busy"] else reading
+        return probe_module.ProbeReading(reading.ms * 100, 100.0) if state["busy"] else reading
 
     monkeypatch.setattr(probe_module.ContentionProbe, "read", read)
     monkeypatch.setattr(search_module, "BUSY_WAIT_S", 0.5)

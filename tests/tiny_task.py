@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import time
+
 import torch
 from torch import nn
 
@@ -87,3 +90,23 @@ def make_fragile_task() -> Task:
     """Every technique applies; int8 quantization then breaks the model's forward."""
     torch.manual_seed(0)
     return _task("fragile", _ReadsItsWeight())
+
+
+class _Slowed(nn.Module):
+    """Wraps a model and sleeps before each call: a model that got slower between two nightlies."""
+
+    def __init__(self, inner: nn.Module, seconds: float) -> None:
+        super().__init__()
+        self.inner, self.seconds = inner, seconds
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.seconds:
+            time.sleep(self.seconds)
+        return self.inner(x)
+
+
+def make_slowable_task() -> Task:
+    """The tiny MLP, made slower by ``PARETO_TEST_SLOWDOWN_MS`` milliseconds a call when that is set."""
+    task = make_task()
+    task.model = _Slowed(task.model, float(os.environ.get("PARETO_TEST_SLOWDOWN_MS", "0")) / 1000).eval()
+    return task

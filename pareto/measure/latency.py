@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from pareto.errors import UsageError
+from pareto.locks import device_lock
 from pareto.measure.probe import ContentionProbe
 from pareto.measure.stats import LatencySummary, percentile_bounds, summarize
 from pareto.slo import (
@@ -205,6 +206,9 @@ def measure_interleaved(
     and the stored bounds use the Bonferroni-corrected confidence ``1 - (1 - confidence) / looks``;
     the first look has enough samples for that confidence to bound the P99 at all.
 
+    Timing waits for the device's timing lock (``pareto.locks.device_lock``): no two pareto
+    processes on this host time on one device at once.
+
     Raises:
         UsageError: a bad plan, thread count or device.
     """
@@ -212,6 +216,19 @@ def measure_interleaved(
     if threads is not None and threads < 1:
         raise UsageError(f"Thread count must be at least 1, got {threads}.")
     device = resolve_device(device)
+    with device_lock(device):
+        return _measure_held(items, device, plan, threads, probe, seed)
+
+
+def _measure_held(
+    items: Sequence[Timed],
+    device: str,
+    plan: RoundPlan,
+    threads: int | None,
+    probe: ContentionProbe | None,
+    seed: int | None,
+) -> list[LatencyResult]:
+    """``measure_interleaved`` once this process holds the device's timing lock."""
     looks, confidence = _looks(plan)
     started_s = time.perf_counter()
     load = _load_average()

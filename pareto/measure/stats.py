@@ -213,6 +213,8 @@ class LatencySummary:
     round_spread: float | None
     p99_bound: str
     confidence: float
+    #: the median of each round kept, in the order timed (nightly regression tests compare these)
+    round_medians_ms: tuple[float, ...] = ()
 
     def to_dict(self) -> dict[str, float | int | str | None]:
         """All fields as plain values; an unbounded (infinite) bound becomes None."""
@@ -266,4 +268,5 @@ def summarize(rounds_ns: Sequence[ArrayLike] | np.ndarray, confidence: float = D
         round_spread=spread,
         p99_bound=p99.bound,
         confidence=confidence,
+        round_medians_ms=tuple(float(m) for m in medians),
     )

@@ -166,3 +166,31 @@ class HardwareCalibration(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
     environment: Mapped[Environment] = relationship()
+
+
+class NightlyRun(Base):
+    """One ``pareto nightly`` job: when, where, the pick before and after, and what it decided.
+
+    ``status``: running (in progress, or its process died: the next nightly marks it interrupted);
+    ok; regression (exit 3); noisy (the contention guard gave up: no verdict); interrupted; failed.
+    ``summary`` is the JSON summary the job wrote.
+    """
+
+    __tablename__ = "pareto_nightly_runs"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("pareto_studies.id", ondelete="CASCADE"), index=True)
+    status: Mapped[str] = mapped_column(String(16), default="running")
+    environment_id: Mapped[int] = mapped_column(ForeignKey("pareto_environments.id"))
+    hostname: Mapped[str] = mapped_column(String(256))
+    pid: Mapped[int] = mapped_column(Integer)
+    pick_before: Mapped[int | None] = mapped_column(Integer)  #: Optuna trial number
+    pick_after: Mapped[int | None] = mapped_column(Integer)
+    trials_run: Mapped[int] = mapped_column(Integer, default=0)
+    regressions: Mapped[int] = mapped_column(Integer, default=0)
+    summary: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    summary_path: Mapped[str | None] = mapped_column(Text)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    environment: Mapped[Environment] = relationship()

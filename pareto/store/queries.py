@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session, joinedload
 
 from pareto.errors import UsageError
 from pareto.frontier import DEFAULT_OBJECTIVE_NAMES, Candidate
 from pareto.metrics import Metrics
-from pareto.store.models import Environment, HardwareCalibration, Measurement, Run, Study, Trial
+from pareto.store.models import Environment, HardwareCalibration, Measurement, NightlyRun, Run, Study, Trial
 
 if TYPE_CHECKING:
     from pareto.measure.roofline import HardwareProfile
@@ -252,15 +252,47 @@ def study_summaries(session: Session) -> list[dict[str, Any]]:
                 "failed": counts.get((s.id, "FAILED"), 0),
                 "duplicate": counts.get((s.id, "DUPLICATE"), 0),
                 "running": counts.get((s.id, "RUNNING"), 0),
+                "busy": counts.get((s.id, "BUSY"), 0),
                 "slo": s.spec.get("slo", {}),
                 "scenario": s.spec.get("scenario"),
                 "objectives": s.spec.get("objectives", list(DEFAULT_OBJECTIVE_NAMES)),
                 "environments": n_env or 0,
+                "last_nightly": _last_nightly(session, s.id),
                 "created_at": s.created_at.isoformat(),
                 "updated_at": s.updated_at.isoformat(),
             }
         )
     return result
+
+
+def _last_nightly(session: Session, study_id: int) -> dict[str, Any] | None:
+    row = session.scalars(
+        select(NightlyRun).where(NightlyRun.study_id == study_id).order_by(NightlyRun.id.desc()).limit(1)
+    ).one_or_none()
+    if row is None:
+        return None
+    return {"started_at": row.started_at.isoformat(), "status": row.status, "regressions": row.regressions}
+
+
+def delete_study(session: Session, name: str) -> dict[str, Any]:
+    """Delete a study's rows, children first (no reliance on the database's cascades); counts removed.
+
+    Raises:
+        UsageError: no such study.
+    """
+    study = get_study(session, name)
+    trial_ids = select(Trial.id).where(Trial.study_id == study.id)
+    counts = {
+        "trials": session.scalar(select(func.count()).where(Trial.study_id == study.id)) or 0,
+        "measurements": session.scalar(select(func.count()).where(Measurement.trial_id.in_(trial_ids))) or 0,
+        "nightly_runs": session.scalar(select(func.count()).where(NightlyRun.study_id == study.id)) or 0,
+    }
+    session.execute(delete(Measurement).where(Measurement.trial_id.in_(trial_ids)))
+    session.execute(delete(Trial).where(Trial.study_id == study.id))
+    session.execute(delete(Run).where(Run.study_id == study.id))
+    session.execute(delete(NightlyRun).where(NightlyRun.study_id == study.id))
+    session.execute(delete(Study).where(Study.id == study.id))
+    return {"study": name, **counts}
 
 
 def latest_calibration(session: Session, fingerprint: dict[str, Any]) -> HardwareCalibration | None:

@@ -1,0 +1,488 @@
+"""``pareto nightly``: re-measure a study's pick and frontier, search on, and report regressions.
+
+One job, for one study, holding the study's nightly lock (``pareto.locks.study_lock``):
+
+1. marks any nightly of the study still "running" as interrupted (its process died: the lock is ours);
+2. compares this environment with the last nightly's, and says what changed;
+3. re-measures the pick and the frontier of the last environment in interleaved rounds with the
+   baseline, here (``pareto.confirmation.confirm``): stored as confirmations of this environment;
+4. compares each with its earlier measurement (``pareto.regression.compare``);
+5. spends the rest of its time budget on new trials (``pareto._search.run_search``);
+6. writes a Markdown and a JSON summary, and the history row ``pareto history`` shows.
+
+The job's status: ok (exit 0); regression, the pick lost its SLO or got slower (exit 3); noisy, the
+contention guard gave up on the pick, so nothing can be said about it tonight (exit 75); a job
+stopped by Ctrl-C or SIGTERM is stored as interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+
+from pareto._search import quiet_interrupts
+from pareto.errors import NoFeasibleConfiguration, UsageError
+from pareto.frontier import Candidate, Constraints, frontier, objective_metrics, select_best
+from pareto.locks import study_lock
+from pareto.regression import Comparison, compare
+from pareto.spec import NightlySettings, SearchSpec
+from pareto.store import queries
+from pareto.store.engine import check_path, open_engine, session_scope, upgrade
+from pareto.store.models import Environment, Measurement, NightlyRun, Study, Trial, utcnow
+
+#: Exit codes: sysexits.h's EX_TEMPFAIL for "try again later" (lock held, noisy night).
+EXIT_REGRESSION = 3
+EXIT_TEMPFAIL = 75
+#: Below this much time left after re-measuring, the job runs no new trials.
+MIN_SEARCH_S = 30.0
+#: The fingerprint fields whose change makes a new environment, with their names in the summary.
+ENVIRONMENT_FIELDS = ("device_name", "driver", "torch_version", "cpu_model", "threads", "hostname")
+
+
+@dataclass
+class NightlyResult:
+    study: str
+    status: str  # ok, regression, noisy
+    exit_code: int
+    summary: dict[str, Any]
+    markdown_path: Path
+    json_path: Path
+    notes: list[str] = field(default_factory=list)
+
+
+Notice = Callable[[str], None]
+
+
+def run_nightly(
+    spec: SearchSpec, settings: NightlySettings, *, db_url: str, reporter: Any = None, notice: Notice = print
+) -> NightlyResult:
+    """Run one nightly job of ``spec.study_name`` (see the module docstring).
+
+    Raises:
+        LockHeld: another nightly of the study runs (exit 75); UsageError, StoreError: bad input.
+    """
+    started = time.monotonic()
+    check_path(db_url)
+    engine = open_engine(db_url)
+    upgrade(engine)
+    holder = _holder(engine, spec.study_name)
+    with study_lock(engine, spec.study_name, holder=holder), _Terminated().installed() as terminated:
+        return _Job(spec, settings, db_url, engine, notice, reporter, started, terminated).run()
+
+
+class _Terminated:
+    """SIGTERM (systemd stop, a Kubernetes deadline) ends the job like Ctrl-C: history kept, lock freed.
+
+    The handler raises KeyboardInterrupt; one that lands in a garbage-collection finalizer is
+    swallowed by Python, so the flag is checked again between the job's steps.
+    """
+
+    def __init__(self) -> None:
+        self.received = False
+
+    def check(self) -> None:
+        if self.received:
+            raise KeyboardInterrupt
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.received = True
+        raise KeyboardInterrupt
+
+    @contextmanager
+    def installed(self) -> Iterator[_Terminated]:
+        try:
+            previous = signal.signal(signal.SIGTERM, self._handle)
+        except ValueError:  # not the main thread
+            yield self
+            return
+        hook = sys.unraisablehook
+        sys.unraisablehook = quiet_interrupts(hook)
+        try:
+            yield self
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            sys.unraisablehook = hook
+
+
+def _holder(engine: Any, study: str) -> str:
+    """Who holds the study's nightly lock, from its history row (written right after taking it)."""
+    try:
+        with session_scope(engine) as session:
+            row = session.scalars(
+                select(NightlyRun)
+                .join(Study)
+                .where(Study.name == study, NightlyRun.status == "running")
+                .order_by(NightlyRun.id.desc())
+                .limit(1)
+            ).one_or_none()
+            if row is None:
+                return ""
+            return f"host {row.hostname}, pid {row.pid}, since {row.started_at:%Y-%m-%d %H:%M:%S} UTC"
+    except Exception:  # the holder is a courtesy in a message; never fail on it
+        return ""
+
+
+class _Job:
+    def __init__(
+        self,
+        spec: SearchSpec,
+        settings: NightlySettings,
+        db_url: str,
+        engine: Any,
+        notice: Notice,
+        reporter: Any,
+        started: float,
+        terminated: _Terminated,
+    ) -> None:
+        self.spec, self.settings, self.db_url, self.engine = spec, settings, db_url, engine
+        self.notice, self.reporter, self.started = notice, reporter, started
+        self.terminated = terminated
+        from pareto._search import constraints_of
+
+        self.constraints: Constraints = constraints_of(spec)
+        self.summary: dict[str, Any] = {"study": spec.study_name, "task": spec.task}
+
+    def run(self) -> NightlyResult:
+        from pareto._runs import open_bench
+        from pareto.task import load_task
+
+        bench = open_bench(self.db_url, load_task(self.spec.task), self.spec.measure)
+        study_id, row_id, reference = self._open_history(bench)
+        try:
+            result = self._run(bench, study_id, row_id, reference)
+        except BaseException as exc:
+            self._close_history(row_id, "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed", error=exc)
+            raise
+        return result
+
+    def _run(self, bench: Any, study_id: int, row_id: int, reference: int | None) -> NightlyResult:
+        before = _load(bench, study_id, reference)
+        pick_before = _pick(before, self.constraints, self.spec.study_name)
+        front_before = frontier(before, objective_metrics(self.spec.objectives))
+        comparisons, noisy = self._remeasure(bench, study_id, pick_before, front_before)
+        self.terminated.check()
+        trials_run, stopped_busy = self._search_on()
+        self.terminated.check()
+        after = _load(bench, study_id, bench.env_id)
+        pick_after = _pick(after, self.constraints, self.spec.study_name)
+        front_after = frontier(after, objective_metrics(self.spec.objectives))
+        pick_comparison = next((c for c in comparisons if pick_before and c.trial == pick_before.trial), None)
+        regression = pick_comparison is not None and pick_comparison.regression
+        status = "regression" if regression else "noisy" if noisy else "ok"
+        self.summary.update(
+            status=status,
+            pick_before=_brief(pick_before),
+            pick_after=_brief(pick_after),
+            frontier_before=[c.trial for c in front_before],
+            frontier_after=[c.trial for c in front_after],
+            frontier_added=sorted({c.trial for c in front_after} - {c.trial for c in front_before}),
+            frontier_removed=sorted({c.trial for c in front_before} - {c.trial for c in front_after}),
+            comparisons=[c.to_dict() for c in comparisons],
+            regressions=[c.to_dict() for c in comparisons if c.regression and c is pick_comparison],
+            slower_elsewhere=[c.to_dict() for c in comparisons if c.regression and c is not pick_comparison],
+            trials_run=trials_run,
+            search_stopped_busy=stopped_busy,
+            elapsed_s=round(time.monotonic() - self.started, 1),
+        )
+        markdown_path, json_path = self._write_summary()
+        self._close_history(
+            row_id,
+            status,
+            pick_before=pick_before.trial if pick_before else None,
+            pick_after=pick_after.trial if pick_after else None,
+            trials_run=trials_run,
+            regressions=len(self.summary["regressions"]),
+            summary_path=str(json_path),
+        )
+        code = EXIT_REGRESSION if status == "regression" else EXIT_TEMPFAIL if status == "noisy" else 0
+        return NightlyResult(self.spec.study_name, status, code, self.summary, markdown_path, json_path)
+
+    def _open_history(self, bench: Any) -> tuple[int, int, int | None]:
+        """Mark dead jobs interrupted, find the environment compared with, and start this job's row."""
+        from pareto._search import get_or_create_study
+
+        with session_scope(self.engine) as session:
+            study = get_or_create_study(session, self.spec)
+            for dead in session.scalars(
+                select(NightlyRun).where(NightlyRun.study_id == study.id, NightlyRun.status == "running")
+            ):
+                dead.status, dead.finished_at = "interrupted", dead.finished_at or utcnow()
+                dead.summary = {**(dead.summary or {}), "interrupted": "its process ended without finishing"}
+                self.notice(
+                    f"The nightly started {dead.started_at:%Y-%m-%d %H:%M} UTC on {dead.hostname} (pid {dead.pid}) "
+                    "died without finishing; its lock is taken over and its history entry marked interrupted."
+                )
+            last = session.scalars(
+                select(NightlyRun)
+                .where(NightlyRun.study_id == study.id, NightlyRun.status != "running")
+                .order_by(NightlyRun.id.desc())
+                .limit(1)
+            ).one_or_none()
+            reference = last.environment_id if last is not None else None
+            if reference is None:
+                env = queries.choose_environment(session, study, "latest")
+                reference = env.id if env is not None else None
+            here = session.get(Environment, bench.env_id)
+            assert here is not None
+            changed = _environment_changes(session.get(Environment, reference) if reference else None, here)
+            self.summary.update(
+                started_at=utcnow().isoformat(),
+                host=socket.gethostname(),
+                environment=here.key,
+                previous_environment=session.get(Environment, reference).key if reference else None,  # type: ignore[union-attr]
+                environment_changes=changed,
+                previous_nightly=last.started_at.isoformat() if last is not None else None,
+            )
+            for line in changed:
+                self.notice(f"Environment changed since the last measurements: {line}.")
+            row = NightlyRun(
+                study_id=study.id,
+                status="running",
+                environment_id=bench.env_id,
+                hostname=socket.gethostname(),
+                pid=os.getpid(),
+                trials_run=0,
+                regressions=0,
+                summary={},
+            )
+            session.add(row)
+            session.flush()
+            return study.id, row.id, reference
+
+    def _remeasure(
+        self, bench: Any, study_id: int, pick: Candidate | None, front: list[Candidate]
+    ) -> tuple[list[Comparison], bool]:
+        """Re-measure the pick and the frontier here, with the baseline; compare with before."""
+        from pareto.confirmation import confirm
+
+        chosen = ([pick] if pick else []) + [c for c in front if pick is None or c.trial != pick.trial]
+        chosen = chosen[: 1 + self.settings.remeasure_top]
+        if not chosen:
+            self.notice("Nothing to re-measure yet: the study has no measured configurations.")
+            return [], False
+        self.notice(f"Re-measuring {len(chosen)} configurations with the baseline in interleaved rounds.")
+        result = confirm(bench, study_id, chosen, self.constraints, seed=self.spec.search.seed)
+        self.summary["remeasure_guard"] = result.guard
+        by_trial = {c.trial: c for c in chosen}
+        comparisons, noisy = [], False
+        for item in result.items:
+            if item.is_baseline and item.trial not in by_trial:
+                continue
+            if item.after is None:
+                noisy = noisy or (pick is not None and item.trial == pick.trial)
+                self.notice(f"Trial {item.trial} could not be re-measured: {item.busy_reason}.")
+                continue
+            after = _measurement_of(bench, study_id, item.trial, result.runs)
+            comparisons.append(
+                compare(
+                    item.trial,
+                    item.description,
+                    by_trial[item.trial].metrics,
+                    after,
+                    slo_ms=self.constraints.p99_ms,
+                    threshold=self.settings.threshold,
+                    p_value=self.settings.p_value,
+                )
+            )
+        return comparisons, noisy
+
+    def _search_on(self) -> tuple[int, bool]:
+        """New trials for the time left."""
+        from pareto._search import run_search
+
+        left_s = self.settings.time_budget / 1000 - (time.monotonic() - self.started)
+        if left_s < MIN_SEARCH_S:
+            self.notice(f"{max(left_s, 0):.0f} s of the time budget left: no new trials tonight.")
+            return 0, False
+        self.notice(f"Searching for {left_s:.0f} s (at most {self.spec.search.n_trials} new trials).")
+        search = self.spec.search.model_copy(update={"timeout": left_s * 1000})
+        result = run_search(self.spec.model_copy(update={"search": search}), db_url=self.db_url, reporter=self.reporter)
+        if result.interrupted:
+            raise KeyboardInterrupt
+        return result.trials_run, result.stopped_busy
+
+    def _write_summary(self) -> tuple[Path, Path]:
+        folder = Path(self.settings.summary_dir)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"Cannot create the summary folder {folder}: {exc.strerror or exc}.") from exc
+        stamp = datetime.fromisoformat(self.summary["started_at"]).strftime("%Y%m%dT%H%M%SZ")
+        base = folder / f"nightly-{_slug(self.spec.study_name)}-{stamp}"
+        json_path, markdown_path = base.with_suffix(".json"), base.with_suffix(".md")
+        self.summary["summary_markdown"], self.summary["summary_json"] = str(markdown_path), str(json_path)
+        json_path.write_text(json.dumps(self.summary, indent=2, default=str) + "\n")
+        markdown_path.write_text(summary_markdown(self.summary))
+        return markdown_path, json_path
+
+    def _close_history(self, row_id: int, status: str, *, error: BaseException | None = None, **values: Any) -> None:
+        with session_scope(self.engine) as session:
+            row = session.get(NightlyRun, row_id)
+            if row is None:
+                return
+            row.status, row.finished_at = status, utcnow()
+            for key, value in values.items():
+                setattr(row, key, value)
+            summary = dict(self.summary)
+            if error is not None:
+                summary["error"] = "interrupted" if isinstance(error, KeyboardInterrupt) else f"{error}"
+            row.summary = json.loads(json.dumps(summary, default=str))
+
+
+def _load(bench: Any, study_id: int, env_id: int | None) -> list[Candidate]:
+    from pareto.confirmation import load_candidates
+
+    return load_candidates(bench, study_id, env_id) if env_id is not None else []
+
+
+def _pick(candidates: list[Candidate], constraints: Constraints, study: str) -> Candidate | None:
+    try:
+        return select_best(candidates, constraints, study=study)
+    except NoFeasibleConfiguration:
+        return None
+
+
+def _measurement_of(bench: Any, study_id: int, number: int, runs: list[int]) -> dict[str, Any]:
+    """The metrics a confirmation run just stored for trial ``number``."""
+    from pareto.metrics import Metrics
+
+    with session_scope(bench.engine) as session:
+        row = session.scalars(
+            select(Measurement)
+            .join(Trial)
+            .where(Trial.study_id == study_id, Trial.optuna_number == number, Measurement.run_id.in_(runs))
+            .order_by(Measurement.id.desc())
+            .limit(1)
+        ).one()
+        return Metrics.from_row(row).to_dict()
+
+
+def _environment_changes(before: Environment | None, now: Environment) -> list[str]:
+    if before is None or before.id == now.id:
+        return []
+    old, new = before.details or {}, now.details or {}
+    return [
+        f"{name} {old.get(name)!s} → {new.get(name)!s}" for name in ENVIRONMENT_FIELDS if old.get(name) != new.get(name)
+    ] or [f"environment {before.key} → {now.key}"]
+
+
+def _brief(candidate: Candidate | None) -> dict[str, Any] | None:
+    if candidate is None:
+        return None
+    m = candidate.metrics
+    return {
+        "trial": candidate.trial,
+        "description": candidate.description,
+        "accuracy": m.get("accuracy"),
+        "latency_p99_ms": m.get("latency_p99_ms"),
+        "latency_p99_upper_ms": m.get("latency_p99_upper_ms"),
+        "confirmed": candidate.confirmation is not None,
+    }
+
+
+def _slug(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)[:80]
+
+
+def summary_markdown(summary: dict[str, Any]) -> str:
+    """The nightly summary as Markdown (the JSON beside it holds the same and more)."""
+    lines = [f"# Nightly of study `{summary['study']}`: {summary['status']}", ""]
+    lines.append(
+        f"Started {summary['started_at']} on {summary['host']}, {summary.get('elapsed_s', '?')} s; "
+        f"environment `{summary['environment']}`."
+    )
+    if summary.get("environment_changes"):
+        lines += [
+            "",
+            "**Environment changed** since the last measurements (earlier measurements are kept, "
+            "but not mixed into this environment's frontier):",
+            "",
+        ]
+        lines += [f"- {change}" for change in summary["environment_changes"]]
+    lines += ["", "## Pick", ""]
+    for label in ("before", "after"):
+        pick = summary.get(f"pick_{label}")
+        if pick is None:
+            lines.append(f"- {label}: none")
+        else:
+            bound = pick["latency_p99_upper_ms"]
+            lines.append(
+                f"- {label}: trial {pick['trial']} {pick['description']}: accuracy {pick['accuracy']:.4f}, "
+                f"P99 {pick['latency_p99_ms']:.3g} ms (≤ {bound:.3g} ms)"
+                if bound is not None
+                else f"- {label}: trial {pick['trial']} {pick['description']}"
+            )
+    if summary.get("comparisons"):
+        lines += [
+            "",
+            "## Re-measured (interleaved with the baseline)",
+            "",
+            "| trial | configuration | P99 before | P99 now | ratio | test | verdict | finding |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for c in summary["comparisons"]:
+            test = c["test"] + (f" p={c['p_value']:.2g}" if c["p_value"] is not None else "")
+            verdict = f"{c['verdict_before']} → {c['verdict_after']}" if c["verdict_before"] else "—"
+            lines.append(
+                f"| {c['trial']} | {c['description']} | {c['p99_before_ms']:.3g} ms | {c['p99_after_ms']:.3g} ms | "
+                f"{c['ratio']:.2f} | {test} | {verdict} | {c['reason']} |"
+            )
+    lines += [
+        "",
+        "## Frontier",
+        "",
+        f"- before: trials {summary.get('frontier_before')}",
+        f"- after: trials {summary.get('frontier_after')} (added {summary.get('frontier_added')}, "
+        f"removed {summary.get('frontier_removed')})",
+        f"- new trials tonight: {summary.get('trials_run', 0)}",
+    ]
+    if summary["status"] == "noisy":
+        lines += [
+            "",
+            "The contention guard gave up on the pick: the machine was too busy to judge it tonight. "
+            "This is not a regression; nothing was concluded.",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def history(engine: Any, study: str) -> list[dict[str, Any]]:
+    """Every nightly of ``study``, oldest first, with the pick's P99 so that drift shows."""
+    with session_scope(engine) as session:
+        row = queries.get_study(session, study)
+        runs = session.scalars(select(NightlyRun).where(NightlyRun.study_id == row.id).order_by(NightlyRun.id)).all()
+        result = []
+        for r in runs:
+            summary = r.summary or {}
+            result.append(
+                {
+                    "id": r.id,
+                    "started_at": r.started_at.isoformat(),
+                    "finished_at": r.finished_at.isoformat() if r.finished_at else None,
+                    "status": r.status,
+                    "host": r.hostname,
+                    "pid": r.pid,
+                    "environment": r.environment.key,
+                    "environment_changes": summary.get("environment_changes", []),
+                    "pick_before": summary.get("pick_before"),
+                    "pick_after": summary.get("pick_after"),
+                    "frontier_added": summary.get("frontier_added", []),
+                    "frontier_removed": summary.get("frontier_removed", []),
+                    "regressions": summary.get("regressions", []),
+                    "comparisons": summary.get("comparisons", []),
+                    "trials_run": r.trials_run,
+                    "summary_path": r.summary_path,
+                }
+            )
+        return result

@@ -1,0 +1,265 @@
+"""Nightly jobs: regression rules, the study lock, history, and real processes started and killed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from sqlalchemy import select
+
+import pareto
+from pareto._nightly import run_nightly
+from pareto._search import run_search
+from pareto.errors import LockHeld, UsageError
+from pareto.locks import study_lock
+from pareto.regression import compare, min_rounds_for_test
+from pareto.spec import NightlySettings, SearchSpec, load_nightly
+from pareto.store.engine import open_engine, session_scope, upgrade
+from pareto.store.models import NightlyRun
+
+ROOT = Path(__file__).resolve().parents[1]
+TASK = "tests.tiny_task:make_slowable_task"
+
+
+def _metrics(medians: list[float], p99: float, lower: float, upper: float) -> dict[str, Any]:
+    return {
+        "round_medians_ms": medians,
+        "latency_p99_ms": p99,
+        "latency_p99_lower_ms": lower,
+        "latency_p99_upper_ms": upper,
+        "samples": 680,
+    }
+
+
+def test_min_rounds_for_the_test_to_reach_asv_level() -> None:
+    # 1 / C(10, 5) = 0.004 cannot reach 0.002; 1 / C(12, 6) = 0.001 can
+    assert min_rounds_for_test(0.002) == 6
+
+
+def test_same_distribution_is_no_regression_and_a_shift_is() -> None:
+    rng = np.random.default_rng(0)
+    same = [float(x) for x in rng.lognormal(0, 0.05, 20)]
+    again = [float(x) for x in rng.lognormal(0, 0.05, 20)]
+    before = _metrics(same, 2.0, 1.8, 2.4)
+    unchanged = compare(1, "x", before, _metrics(again, 2.1, 1.9, 2.5), slo_ms=7.0)
+    assert not unchanged.regression and unchanged.test == "mann-whitney" and unchanged.p_value > 0.002
+    slower = compare(1, "x", before, _metrics([2 * m for m in again], 4.0, 3.6, 4.8), slo_ms=7.0)
+    assert slower.slower and slower.regression and slower.p_value < 0.002 and not slower.lost_slo
+    # significant but within the threshold: noise on a shared machine, not a regression
+    slight = compare(1, "x", before, _metrics([1.1 * m for m in again], 2.2, 2.0, 2.6), slo_ms=7.0)
+    assert slight.p_value < 0.002 and not slight.regression
+
+
+def test_losing_the_slo_on_the_upper_bound_is_a_regression() -> None:
+    rounds = [1.0] * 10
+    lost = compare(3, "x", _metrics(rounds, 6.0, 5.0, 6.8), _metrics(rounds, 6.1, 5.1, 7.3), slo_ms=7.0)
+    assert lost.lost_slo and lost.regression and not lost.slower
+    assert "no longer meets the P99 SLO of 7 ms" in lost.reason
+
+
+def test_few_rounds_fall_back_to_order_statistic_intervals() -> None:
+    before = _metrics([1.0, 1.1], 2.0, 1.8, 2.4)
+    overlapping = compare(1, "x", before, _metrics([2.0, 2.1], 2.6, 2.3, 3.0), slo_ms=None)
+    assert overlapping.test == "intervals" and not overlapping.regression  # 2.3 < 2.4: could be the same
+    apart = compare(1, "x", before, _metrics([3.0, 3.1], 4.0, 3.5, 4.5), slo_ms=None)
+    assert apart.test == "intervals" and apart.regression
+
+
+def test_nightly_config_and_overrides(tmp_path: Path) -> None:
+    spec, settings, db = load_nightly(
+        ROOT / "configs" / "nightly.yaml", {"study": "other", "nightly.time_budget": "2min"}
+    )
+    assert spec.study_name == "other" and settings.time_budget == 120_000 and db is None
+    assert spec.slo.p99_ms == 7.0 and settings.threshold == 1.25 and settings.p_value == 0.002
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("nightly:\n  threshold: 0.9\n")
+    with pytest.raises(UsageError, match="nightly.threshold"):
+        load_nightly(bad)
+
+
+def test_second_lock_of_a_study_is_refused_at_once(db_url: str) -> None:
+    engine = open_engine(db_url)
+    upgrade(engine)
+    with study_lock(engine, "s"):
+        with pytest.raises(LockHeld, match="Another nightly of study 's' is running"), study_lock(engine, "s"):
+            pass
+        with study_lock(engine, "other"):  # per study
+            pass
+    with study_lock(engine, "s"):  # released
+        pass
+
+
+def _spec(**measure: Any) -> SearchSpec:
+    return SearchSpec.model_validate(
+        {
+            "task": TASK,
+            "study": "night",
+            "search": {"n_trials": 3, "seed": 1, "confirm_top": 1},
+            "measure": {
+                "device": "cpu",
+                "threads": 1,
+                "warmup": 5,
+                "samples": 200,
+                "rounds": 10,
+                "contention_limit": 50,
+                **measure,
+            },
+            "space": {"techniques": {"int8_dynamic": {}}},
+        }
+    )
+
+
+def test_nightly_unchanged_then_slower_model(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PARETO_TEST_SLOWDOWN_MS", raising=False)
+    run_search(_spec(), db_url=db_url)
+    settings = NightlySettings(time_budget="1s", summary_dir=str(tmp_path / "reports"))  # no time for new trials
+    quiet = run_nightly(_spec(), settings, db_url=db_url, notice=lambda _: None)
+    assert quiet.status == "ok" and quiet.exit_code == 0, quiet.summary["comparisons"]
+    assert quiet.summary["pick_before"] is not None and quiet.summary["comparisons"]
+    assert quiet.markdown_path.read_text().startswith("# Nightly of study `night`: ok")
+    assert json.loads(quiet.json_path.read_text())["status"] == "ok"
+
+    monkeypatch.setenv("PARETO_TEST_SLOWDOWN_MS", "3")
+    slow = run_nightly(_spec(), settings, db_url=db_url, notice=lambda _: None)
+    assert slow.status == "regression" and slow.exit_code == 3
+    (regression,) = slow.summary["regressions"]
+    assert regression["trial"] == slow.summary["pick_before"]["trial"] and regression["slower"]
+
+    rows = pareto.history(study="night", db=db_url)
+    assert [r["status"] for r in rows] == ["ok", "regression"]
+    assert rows[1]["regressions"][0]["ratio"] > 1.25
+
+
+def test_nightly_searches_for_the_time_left(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PARETO_TEST_SLOWDOWN_MS", raising=False)
+    settings = NightlySettings(time_budget="2min", summary_dir=str(tmp_path))
+    first = run_nightly(_spec(), settings, db_url=db_url, notice=lambda _: None)  # a new study: search only
+    assert first.summary["pick_before"] is None and first.summary["trials_run"] == 3
+    assert first.summary["pick_after"] is not None and first.exit_code == 0
+
+
+def _nightly_process(cwd: Path, db_url: str, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    config = cwd / "nightly.yaml"
+    config.write_text(
+        f"study: night\ntask: {TASK}\n"
+        "search: {n_trials: 40, seed: 1, confirm_top: 1}\n"
+        "measure: {device: cpu, threads: 1, warmup: 5, samples: 200, rounds: 10, contention_limit: 50}\n"
+        "space: {techniques: {int8_dynamic: {}, lowrank: {rank_ratio: {low: 0.1, high: 0.9}}}}\n"
+        f"nightly: {{time_budget: 60s, summary_dir: {cwd / 'reports'}}}\n"
+    )
+    # every call 2 ms slower: the job runs for seconds, long enough to be caught mid-run
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), "PARETO_TEST_SLOWDOWN_MS": "2", **(env or {})}
+    full_env.pop("PARETO_DB_URL", None)
+    return subprocess.Popen(
+        [sys.executable, "-m", "pareto", "nightly", "--config", str(config), "--db", db_url, *extra],
+        cwd=cwd,
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_running(db_url: str, timeout_s: float = 120) -> NightlyRun:
+    engine = open_engine(db_url)
+    upgrade(engine)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with session_scope(engine) as session:
+            row = session.scalars(select(NightlyRun).where(NightlyRun.status == "running")).first()
+            if row is not None:
+                return row
+        time.sleep(0.1)
+    raise AssertionError("no nightly started")
+
+
+def test_two_nightlies_at_once_then_kill_and_take_over(db_url: str, tmp_path: Path) -> None:
+    first = _nightly_process(tmp_path, db_url)
+    try:
+        running = _wait_running(db_url)
+        second = _nightly_process(tmp_path, db_url)
+        _, err = second.communicate(timeout=120)
+        assert second.returncode == 75, err
+        lines = [line for line in err.strip().splitlines() if line.strip()]
+        assert len(lines) == 1 and "Another nightly of study 'night' is running" in lines[0], err
+        assert f"pid {running.pid}" in lines[0] and "Traceback" not in err
+        first.send_signal(signal.SIGKILL)  # kill -9 mid-run: no chance to clean up
+        first.wait(timeout=30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    third = _nightly_process(tmp_path, db_url, "--time-budget", "1s", "--json")
+    out, err = third.communicate(timeout=300)
+    assert third.returncode == 0, err
+    assert "died without finishing; its lock is taken over" in err
+    assert json.loads(out)["status"] == "ok"
+    statuses = [r["status"] for r in pareto.history(study="night", db=db_url)]
+    assert statuses == ["interrupted", "ok"]
+
+
+def test_sigterm_ends_a_nightly_as_interrupted(db_url: str, tmp_path: Path) -> None:
+    proc = _nightly_process(tmp_path, db_url)
+    try:
+        _wait_running(db_url)
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert [r["status"] for r in pareto.history(study="night", db=db_url)] == ["interrupted"]
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("PARETO_DB_URL", None)
+    return subprocess.run(
+        [sys.executable, "-m", "pareto", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_history_and_studies_delete_on_the_command_line(db_url: str, tmp_path: Path) -> None:
+    settings = NightlySettings(time_budget="1s", summary_dir=str(tmp_path))
+    run_nightly(_spec(), settings, db_url=db_url, notice=lambda _: None)  # nothing stored yet, no time to search
+    shown = _cli("history", "--study", "night", "--db", db_url, "--json", cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    (entry,) = json.loads(shown.stdout)
+    assert entry["status"] == "ok" and entry["pick_before"] is None and entry["trials_run"] == 0
+    listed = _cli("studies", "--db", db_url, "--json", cwd=tmp_path)
+    assert json.loads(listed.stdout)[0]["last_nightly"]["status"] == "ok"
+
+    unknown = _cli("studies", "delete", "nope", "--yes", "--db", db_url, cwd=tmp_path)
+    assert unknown.returncode == 2 and "No study named 'nope'; known: night." in unknown.stderr
+    refused = subprocess.run(
+        [sys.executable, "-m", "pareto", "studies", "delete", "night", "--db", db_url],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        input="n\n",
+        capture_output=True,
+        text=True,
+    )
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert pareto.studies(db=db_url)[0]["study"] == "night"  # asked, refused: nothing removed
+    deleted = _cli("studies", "delete", "night", "--yes", "--db", db_url, cwd=tmp_path)
+    assert deleted.returncode == 0 and "Deleted study 'night'" in deleted.stdout, deleted.stderr
+    assert pareto.studies(db=db_url) == []
+    gone = _cli("history", "--study", "night", "--db", db_url, cwd=tmp_path)
+    assert gone.returncode == 2 and "Traceback" not in gone.stderr
+
+
+def test_nightly_bad_input_is_one_sentence(tmp_path: Path) -> None:
+    bad = _cli("nightly", "--config", str(tmp_path / "missing.yaml"), cwd=tmp_path)
+    assert bad.returncode == 2 and "Cannot read config" in bad.stderr and "Traceback" not in bad.stderr
+    budget = _cli("nightly", "--time-budget", "soon", cwd=tmp_path)
+    assert budget.returncode == 2 and "Traceback" not in budget.stderr
+    unreachable = _cli("nightly", "--db", "postgresql+psycopg://nobody@127.0.0.1:1/x", cwd=tmp_path)
+    assert unreachable.returncode != 0 and "127.0.0.1" in unreachable.stderr and "Traceback" not in unreachable.stderr
