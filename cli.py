@@ -107,23 +107,41 @@ def cli() -> None:
     type=click.IntRange(min=0),
     help="Confirm this many of the best configurations after the trials [default 3; 0: none].",
 )
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1, max=64),
+    default=1,
+    show_default=True,
+    help="Local worker processes on this study: compression and accuracy in parallel, timing one at a time "
+    "per device (one worker per GPU with --device cuda).",
+)
+@click.option("--spec-json", type=click.Path(dir_okay=False), hidden=True)  # a worker's spec, from --workers
+@click.option("--worker", "as_worker", is_flag=True, hidden=True)  # trial lines on stderr, JSON on stdout
 @db_option
 @json_option
-def search(config_path: str | None, db: str | None, as_json: bool, **flags: Any) -> int:
+def search(
+    config_path: str | None,
+    db: str | None,
+    as_json: bool,
+    workers: int,
+    spec_json: str | None,
+    as_worker: bool,
+    **flags: Any,
+) -> int:
     """Search compression configurations, measuring every trial; re-running continues the study."""
     from pareto.api import search as run
-    from pareto.spec import load_spec
+    from pareto.spec import load_spec, load_stored_spec
 
     overrides = {key: flags[flag] for key, flag in _SPEC_FLAGS.items()}
     overrides["objectives"] = flags["objectives"].split(",") if flags["objectives"] else None
-    spec = load_spec(config_path, overrides)
+    spec = load_stored_spec(spec_json) if spec_json else load_spec(config_path, overrides)
     if flags["no_guard"]:
         spec = spec.model_copy(update={"measure": spec.measure.model_copy(update={"contention_limit": None})})
     from pareto.report import ProgressReporter
 
-    with ProgressReporter(err, enabled=not as_json) as reporter:
-        result = run(spec, db=db, reporter=reporter)
-    if as_json:
+    with ProgressReporter(err, enabled=as_worker or not as_json) as reporter:
+        result = run(spec, db=db, reporter=reporter, workers=workers)
+    if as_json or as_worker:
         _print_json(_search_json(result))
         return _search_exit(result)
     _print_search(result)
@@ -364,6 +382,24 @@ def studies(ctx: click.Context, db: str | None, as_json: bool) -> None:
             r["updated_at"][:19].replace("T", " "),
         )
     out.print(table)
+
+
+@studies.command("create")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="YAML search spec (see configs/).")
+@click.option("--task", help="Built-in task name (demo) or package.module:factory.")
+@study_option
+@click.option("--objective", "objectives", help="Comma-separated objectives [default accuracy,p99].")
+@db_option
+def studies_create(
+    config_path: str | None, task: str | None, study: str | None, objectives: str | None, db: str | None
+) -> None:
+    """Create a study before its workers start (a study-creator job); an existing one is checked and kept."""
+    from pareto.api import create_study
+    from pareto.spec import load_spec
+
+    overrides = {"task": task, "study": study, "objectives": objectives.split(",") if objectives else None}
+    name = create_study(load_spec(config_path, overrides), db=db)
+    out.print(f"Study {name!r} is ready for workers.")
 
 
 @studies.command("delete")

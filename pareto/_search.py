@@ -8,9 +8,11 @@ configurations re-measured in interleaved rounds with the baseline) → ``_resul
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
+import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -18,6 +20,8 @@ from typing import Any, Protocol
 import optuna
 from optuna.trial import TrialState
 from sqlalchemy import select
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from pareto._runs import (
@@ -48,7 +52,7 @@ from pareto.frontier import (
 from pareto.metrics import Metrics
 from pareto.spec import Range, SearchSpec
 from pareto.store import queries
-from pareto.store.engine import check_path, engine_kwargs, session_scope
+from pareto.store.engine import check_path, engine_kwargs, open_engine, session_scope, upgrade
 from pareto.store.models import Environment, Measurement, Study, Trial, utcnow
 from pareto.task import Task, load_task
 
@@ -56,6 +60,9 @@ HEARTBEAT_INTERVAL_S = 60
 #: After a trial the contention guard gave up on, wait this long at most for the machine to quiet
 #: down before the next trial; still busy then, the search stops (trials stored, exit code 75).
 BUSY_WAIT_S = 120.0
+#: Another worker measuring the same configuration is waited for this long at most, polled this often.
+TWIN_WAIT_S = 1800.0
+TWIN_POLL_S = 1.0
 
 
 class Reporter(Protocol):
@@ -70,7 +77,7 @@ class Reporter(Protocol):
     def confirmed(self, result: ConfirmResult) -> None: ...
 
 
-class _Quiet:
+class Quiet:
     def start(self, **_: Any) -> None:
         pass
 
@@ -109,7 +116,7 @@ class SearchResult:
 
 
 @dataclass
-class _Setup:
+class SearchSetup:
     """Everything a search run decided before its first trial."""
 
     spec: SearchSpec
@@ -128,21 +135,29 @@ def run_search(spec: SearchSpec, *, db_url: str, reporter: Reporter | None = Non
     Raises:
         UsageError: bad task, device or spec; StoreError: the database cannot be used.
     """
-    reporter = reporter or _Quiet()
+    reporter = reporter or Quiet()
     check_path(db_url)  # before a task that may train for a while
-    setup = _prepare(spec, db_url, reporter)
-    study = _optuna_study(setup, db_url)
+    setup = prepare(spec, db_url, reporter)
+    study = optuna_study(setup, db_url)
+    _fail_stale_trials(study)  # a dead worker's trial: failed and queued again before this run starts
     run = start_run(setup.bench, kind="search", study_id=setup.study_id)
     _time_baselines(setup, run, study, reporter)
     outcomes, interrupted, stopped_busy = _optimize(setup, run, study, reporter)
     finish_run(setup.bench, run, trials=len(outcomes), interrupted=interrupted, stopped_busy=stopped_busy)
-    confirmation = None if interrupted or stopped_busy else _confirm(setup, run, reporter)
-    result = _result(setup, outcomes, interrupted, confirmation)
+    confirmation = None if interrupted or stopped_busy else confirm_search(setup, run, reporter)
+    result = search_result(
+        setup,
+        trials_run=len(outcomes),
+        measured=sum(o.state == "COMPLETE" for o in outcomes),
+        busy=sum(o.state == "BUSY" for o in outcomes),
+        interrupted=interrupted,
+        confirmation=confirmation,
+    )
     result.stopped_busy = stopped_busy
     return result
 
 
-def _prepare(spec: SearchSpec, db_url: str, reporter: Reporter) -> _Setup:
+def prepare(spec: SearchSpec, db_url: str, reporter: Reporter) -> SearchSetup:
     task = load_task(spec.task)
     bench = open_bench(db_url, task, spec.measure)
     techniques, skipped = _available_techniques(spec, bench.device, task)
@@ -157,7 +172,7 @@ def _prepare(spec: SearchSpec, db_url: str, reporter: Reporter) -> _Setup:
         reporter.notice(bench.profile_note)
     from pareto.measure.memory import theoretical_bytes
 
-    return _Setup(
+    return SearchSetup(
         spec=spec,
         bench=bench,
         study_id=study_id,
@@ -179,42 +194,101 @@ def constraints_of(spec: SearchSpec) -> Constraints:
     )
 
 
-def _optuna_study(setup: _Setup, db_url: str) -> optuna.Study:
+def optuna_study(setup: SearchSetup, db_url: str) -> optuna.Study:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        # heartbeats let another worker's search mark this one's trials FAILED if this process dies
-        storage = optuna.storages.RDBStorage(
-            db_url, engine_kwargs=engine_kwargs(db_url), heartbeat_interval=HEARTBEAT_INTERVAL_S
-        )
     return optuna.create_study(
         study_name=setup.spec.study_name,
-        storage=storage,
-        directions=["maximize" if up else "minimize" for _, up in objective_metrics(setup.spec.objectives)],
+        storage=optuna_storage(db_url, setup.bench.engine, setup.study_id),
+        directions=_directions(setup.spec),
         sampler=_sampler(setup.spec),
         load_if_exists=True,
     )
 
 
-def _time_baselines(setup: _Setup, run: RunHandle, study: optuna.Study, reporter: Reporter) -> None:
+def _directions(spec: SearchSpec) -> list[optuna.study.StudyDirection]:
+    up, down = optuna.study.StudyDirection.MAXIMIZE, optuna.study.StudyDirection.MINIMIZE
+    return [up if maximize else down for _, maximize in objective_metrics(spec.objectives)]
+
+
+def heartbeat_interval_s() -> int:
+    """Seconds between a worker's heartbeats (``PARETO_HEARTBEAT_S``; tests shorten it)."""
+    return max(1, int(os.environ.get("PARETO_HEARTBEAT_S") or HEARTBEAT_INTERVAL_S))
+
+
+def optuna_storage(db_url: str, engine: Engine, study_id: int) -> optuna.storages.RDBStorage:
+    """Optuna's storage on the same database, with heartbeats: a trial whose worker died (kill -9, a
+    lost node) is failed by the next worker that starts a trial, in Optuna's table and in ours, and
+    retried once as a new trial with the same parameters."""
+    interval = heartbeat_interval_s()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.storages.RDBStorage(
+            db_url,
+            engine_kwargs=engine_kwargs(db_url),
+            heartbeat_interval=interval,
+            grace_period=2 * interval,
+            heartbeat_stale_trial_callback=_StaleTrial(engine, study_id, 2 * interval),
+        )
+
+
+class _StaleTrial:
+    """Optuna's ``heartbeat_stale_trial_callback``: a trial whose worker stopped beating."""
+
+    def __init__(self, engine: Engine, study_id: int, grace_s: int) -> None:
+        self.engine, self.study_id, self.grace_s = engine, study_id, grace_s
+
+    def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        with session_scope(self.engine) as session:
+            row = session.scalars(
+                select(Trial).where(Trial.study_id == self.study_id, Trial.optuna_number == trial.number)
+            ).one_or_none()
+            if row is not None and row.state == "RUNNING":
+                row.state, row.finished_at = "FAILED", utcnow()
+                row.error = f"its worker stopped (no heartbeat for {self.grace_s} s); retried as a new trial"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.RetryFailedTrialCallback(max_retry=1)(study, trial)
+
+
+def _fail_stale_trials(study: optuna.Study) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
+
+
+def create_study(spec: SearchSpec, *, db_url: str) -> str:
+    """Create the study (pareto's row and Optuna's, with its directions) before any worker starts:
+    workers that race to create one study is a known failure of Optuna's RDB storage.
+
+    Returns:
+        The study's name. An existing study is checked against the spec (task, objectives) and kept.
+    """
+    check_path(db_url)
+    engine = open_engine(db_url)
+    upgrade(engine)
+    with session_scope(engine) as session:
+        spec = _adopt_stored_objectives(session, spec)
+        study_id = get_or_create_study(session, spec).id
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    optuna.create_study(
+        study_name=spec.study_name,
+        storage=optuna_storage(db_url, engine, study_id),
+        directions=_directions(spec),
+        load_if_exists=True,
+    )
+    return spec.study_name
+
+
+def _time_baselines(setup: SearchSetup, run: RunHandle, study: optuna.Study, reporter: Reporter) -> None:
     """Time the uncompressed model at every batch size in this run: speedups divide by it.
 
     A batch size without a baseline trial in this environment gets one, queued as the first trial;
     an existing baseline trial is timed again now and kept as this run's baseline measurement.
     """
-    waiting = {
-        t.user_attrs.get("pareto_baseline") for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-    }
-    queued = 0
-    for batch_size in setup.batch_sizes:
-        trial_id = _baseline_here(setup, batch_size)
-        if trial_id is None:
-            if batch_size not in waiting:
-                params = {"batch_size": batch_size, **{name: False for name in setup.techniques}}
-                study.enqueue_trial(params, user_attrs={"pareto_baseline": batch_size})
-            queued += 1
-            continue
+    existing = enqueue_baselines(setup, study)
+    for batch_size, trial_id in existing.items():
         _retime_baseline(setup, run, trial_id, batch_size, reporter)
+    queued = len(setup.batch_sizes) - len(existing)
     if queued >= setup.spec.search.n_trials:
         reporter.notice(
             f"The first {queued} trials measure the uncompressed model at each batch size; "
@@ -222,7 +296,25 @@ def _time_baselines(setup: _Setup, run: RunHandle, study: optuna.Study, reporter
         )
 
 
-def _baseline_here(setup: _Setup, batch_size: int) -> int | None:
+def enqueue_baselines(setup: SearchSetup, study: optuna.Study) -> dict[int, int]:
+    """Queue a baseline trial for every batch size that has none in this environment (unless one is
+    queued or running already); return the batch sizes that have one, with its trial id."""
+    pending = {
+        t.user_attrs.get("pareto_baseline")
+        for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING))
+    }
+    existing = {}
+    for batch_size in setup.batch_sizes:
+        trial_id = _baseline_here(setup, batch_size)
+        if trial_id is not None:
+            existing[batch_size] = trial_id
+        elif batch_size not in pending:
+            params = {"batch_size": batch_size, **{name: False for name in setup.techniques}}
+            study.enqueue_trial(params, user_attrs={"pareto_baseline": batch_size})
+    return existing
+
+
+def _baseline_here(setup: SearchSetup, batch_size: int) -> int | None:
     trial_id = baseline_trial(setup.bench, setup.study_id, batch_size)
     if trial_id is None:
         return None
@@ -235,7 +327,7 @@ def _baseline_here(setup: _Setup, batch_size: int) -> int | None:
     return trial_id if measured_here is not None else None
 
 
-def _retime_baseline(setup: _Setup, run: RunHandle, trial_id: int, batch_size: int, reporter: Reporter) -> None:
+def _retime_baseline(setup: SearchSetup, run: RunHandle, trial_id: int, batch_size: int, reporter: Reporter) -> None:
     from pareto.measure.latency import measure_latency
 
     bench = setup.bench
@@ -267,7 +359,7 @@ def _retime_baseline(setup: _Setup, run: RunHandle, trial_id: int, batch_size: i
 
 
 def _optimize(
-    setup: _Setup, run: RunHandle, study: optuna.Study, reporter: Reporter
+    setup: SearchSetup, run: RunHandle, study: optuna.Study, reporter: Reporter
 ) -> tuple[list[TrialOutcome], bool, bool]:
     """Optuna's loop; returns the outcomes of this run's trials, whether Ctrl-C stopped it, and
     whether it stopped because the machine stayed busy."""
@@ -332,7 +424,7 @@ def _wait_for_quiet(run: RunHandle, reporter: Reporter) -> bool:
     return False
 
 
-def _confirm(setup: _Setup, run: RunHandle, reporter: Reporter) -> ConfirmResult | None:
+def confirm_search(setup: SearchSetup, run: RunHandle, reporter: Reporter) -> ConfirmResult | None:
     """Re-measure the best feasible and near-feasible configurations with the baseline, in this environment."""
     search = setup.spec.search
     if search.confirm_top == 0 or setup.constraints.p99_ms is None:
@@ -354,9 +446,16 @@ def _confirm(setup: _Setup, run: RunHandle, reporter: Reporter) -> ConfirmResult
     return result
 
 
-def _result(
-    setup: _Setup, outcomes: list[TrialOutcome], interrupted: bool, confirmation: ConfirmResult | None
+def search_result(
+    setup: SearchSetup,
+    *,
+    trials_run: int,
+    measured: int,
+    busy: int,
+    interrupted: bool,
+    confirmation: ConfirmResult | None,
 ) -> SearchResult:
+    """The study's frontier and pick in this environment, after a run of ``trials_run`` trials."""
     with session_scope(setup.bench.engine) as session:
         row = session.get(Study, setup.study_id)
         assert row is not None
@@ -369,15 +468,15 @@ def _result(
     front = [judged(c, setup.constraints) for c in frontier(everything, objective_metrics(setup.spec.objectives))]
     return SearchResult(
         study=setup.spec.study_name,
-        trials_run=len(outcomes),
-        measured=sum(o.state == "COMPLETE" for o in outcomes),
+        trials_run=trials_run,
+        measured=measured,
         interrupted=interrupted,
         frontier=front,
         best=best,
         no_best_reason=reason,
         constraints=setup.constraints,
         confirmation=confirmation,
-        busy=sum(o.state == "BUSY" for o in outcomes),
+        busy=busy,
     )
 
 
@@ -434,7 +533,7 @@ class _StopOnInterrupt:
 class _Objective:
     """One Optuna trial: suggest, answer a repeat from the database or measure, store, report."""
 
-    def __init__(self, setup: _Setup, run: RunHandle) -> None:
+    def __init__(self, setup: SearchSetup, run: RunHandle) -> None:
         self.setup, self.run = setup, run
         self.bench = setup.bench
         self.last: TrialOutcome | None = None
@@ -479,13 +578,41 @@ class _Objective:
             )
             session.add(row)
             session.flush()
-            earlier = _measured_twin(session, self.setup.study_id, self.bench.env_id, config.key(), row.id)
-            if earlier is None:
-                return row.id, None
-            twin = earlier.trial.optuna_number
-            row.state, row.finished_at = "DUPLICATE", utcnow()
-            row.error = f"same configuration as trial {twin}; not measured again"
-            return row.id, (twin, Metrics.from_row(earlier).to_dict())
+            row_id = row.id
+        twin = self._twin(trial, config.key(), row_id)
+        if twin is None:
+            return row_id, None
+        with session_scope(self.bench.engine) as session:
+            stored = session.get(Trial, row_id)
+            assert stored is not None
+            stored.state, stored.finished_at = "DUPLICATE", utcnow()
+            stored.error = f"same configuration as trial {twin[0]}; not measured again"
+        return row_id, twin
+
+    def _twin(self, trial: optuna.Trial, key: str, row_id: int) -> tuple[int, dict[str, Any]] | None:
+        """The measurement of the same configuration here: stored already, or being measured by another
+        worker that started it first (waited for, so that no configuration is measured twice)."""
+        deadline = time.monotonic() + TWIN_WAIT_S
+        while True:
+            with session_scope(self.bench.engine) as session:
+                earlier = _measured_twin(session, self.setup.study_id, self.bench.env_id, key, row_id)
+                if earlier is not None:
+                    return earlier.trial.optuna_number, Metrics.from_row(earlier).to_dict()
+                running = session.scalar(
+                    select(Trial.id)
+                    .where(
+                        Trial.study_id == self.setup.study_id,
+                        Trial.config_key == key,
+                        Trial.environment_id == self.bench.env_id,
+                        Trial.state == "RUNNING",
+                        Trial.id < row_id,
+                    )
+                    .limit(1)
+                )
+            if running is None or time.monotonic() > deadline:
+                return None
+            time.sleep(TWIN_POLL_S)
+            _fail_stale_trials(trial.study)  # a twin whose worker died is failed (and retried) here
 
     def _end(self, row_id: int, trial: optuna.Trial, config: Config, exc: BaseException) -> None:
         """A trial that did not complete: FAILED with its reason, or BUSY (no verdict, never shown to the sampler)."""
@@ -583,13 +710,21 @@ def _adopt_stored_objectives(session: Session, spec: SearchSpec) -> SearchSpec:
 
 
 def get_or_create_study(session: Session, spec: SearchSpec) -> Study:
+    """The study's row, created when new (another worker creating it at the same moment is fine).
+
+    Raises:
+        UsageError: the study exists for another task or other objectives.
+    """
     row = session.scalars(select(Study).where(Study.name == spec.study_name)).one_or_none()
     spec_json = spec.model_dump(mode="json")
     if row is None:
-        row = Study(name=spec.study_name, task=spec.task, spec=spec_json)
-        session.add(row)
-        session.flush()
-        return row
+        try:
+            with session.begin_nested():
+                row = Study(name=spec.study_name, task=spec.task, spec=spec_json)
+                session.add(row)
+            return row
+        except IntegrityError:  # created by another worker since the select: use theirs
+            row = session.scalars(select(Study).where(Study.name == spec.study_name)).one()
     if row.task != spec.task:
         raise UsageError(
             f"Study {spec.study_name!r} belongs to task {row.task!r}, not {spec.task!r}; pick another --study name."

@@ -108,11 +108,22 @@ def studies(*, db: str | None = None) -> list[dict[str, Any]]:
         return queries.study_summaries(session)
 
 
-def search(spec: SearchSpec | None = None, *, db: str | None = None, reporter: Reporter | None = None) -> SearchResult:
-    """Run or continue a search (imports torch and Optuna); see ``pareto.spec.SearchSpec``."""
+def search(
+    spec: SearchSpec | None = None, *, db: str | None = None, reporter: Reporter | None = None, workers: int = 1
+) -> SearchResult:
+    """Run or continue a search (imports torch and Optuna); see ``pareto.spec.SearchSpec``.
+
+    With ``workers`` > 1, that many local processes share ``spec.search.n_trials`` on one study
+    (``pareto._workers``); the database must take several writers (SQLite on one host, PostgreSQL).
+    """
     from pareto._search import run_search
     from pareto.spec import SearchSpec as _Spec
 
+    if workers > 1:
+        from pareto._search import Quiet
+        from pareto._workers import run_workers
+
+        return run_workers(spec or _Spec(), db_url=resolve_url(db), workers=workers, reporter=reporter or Quiet())
     return run_search(spec or _Spec(), db_url=resolve_url(db), reporter=reporter)
 
 
@@ -135,6 +146,17 @@ def nightly(
     return run_nightly(
         spec, settings or _Settings(), db_url=resolve_url(db), reporter=reporter, notice=notice or (lambda _: None)
     )
+
+
+def create_study(spec: SearchSpec, *, db: str | None = None) -> str:
+    """Create ``spec``'s study (pareto's row and Optuna's) before workers start; returns its name.
+
+    Raises:
+        UsageError: the study exists with another task or other objectives.
+    """
+    from pareto._search import create_study as _create
+
+    return _create(spec, db_url=resolve_url(db))
 
 
 def history(*, study: str | None = None, db: str | None = None) -> list[dict[str, Any]]:
@@ -306,7 +328,7 @@ def _stored_measure(spec: dict[str, Any], device: str | None, threads: int | Non
     stored = dict(spec.get("measure") or {})
     stored.update({k: v for k, v in {"device": device, "threads": threads}.items() if v is not None})
     known = set(Measure.model_fields)
-    return Measure.model_validate({k: v for k, v in stored.items() if k in known})
+    return Measure.model_validate({k: v for k, v in stored.items() if k in known}, context={"stored": True})
 
 
 def measure(

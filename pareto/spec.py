@@ -8,7 +8,16 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, cast
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from pareto.errors import UsageError
 from pareto.frontier import DEFAULT_OBJECTIVE_NAMES
@@ -17,9 +26,24 @@ from pareto.regression import DEFAULT_THRESHOLD as DEFAULT_REGRESSION_THRESHOLD
 from pareto.slo import DEFAULT_CONFIDENCE, DEFAULT_CONTENTION_LIMIT, DEFAULT_ROUNDS, MIN_CONFIDENCE, MIN_SAMPLES_P99
 from pareto.units import parse_duration_ms, parse_rate_per_s, parse_size_bytes
 
-DurationMs = Annotated[float, BeforeValidator(parse_duration_ms)]
-SizeBytes = Annotated[int, BeforeValidator(parse_size_bytes)]
-RatePerS = Annotated[float, BeforeValidator(parse_rate_per_s)]
+
+def _stored_or(parse: Any) -> Any:
+    """A unit parser that also takes a bare number when validating a stored spec: a spec dumped to
+    JSON (``SearchSpec.model_dump(mode="json")``) holds its durations in ms, sizes in bytes and
+    rates per second, and validates again with ``context={"stored": True}``."""
+
+    def validate(value: Any, info: ValidationInfo) -> Any:
+        stored = bool(info.context and info.context.get("stored"))
+        if stored and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return value
+        return parse(value)
+
+    return validate
+
+
+DurationMs = Annotated[float, BeforeValidator(_stored_or(parse_duration_ms))]
+SizeBytes = Annotated[int, BeforeValidator(_stored_or(parse_size_bytes))]
+RatePerS = Annotated[float, BeforeValidator(_stored_or(parse_rate_per_s))]
 ObjectiveName = Literal["accuracy", "p99", "p50", "memory", "throughput", "bytes_moved", "flops"]
 Scenario = Literal["mobile", "serving", "realtime", "edge"]
 
@@ -291,6 +315,21 @@ def apply_overrides(data: dict[str, Any], overrides: dict[str, Any] | None) -> N
                 node[key] = child
             node = child
         node[leaf] = value
+
+
+def load_stored_spec(path: str | os.PathLike[str]) -> SearchSpec:
+    """A spec written as JSON by ``SearchSpec.model_dump(mode="json")`` (a worker's, from ``--workers``).
+
+    Raises:
+        UsageError: unreadable or invalid.
+    """
+    import json
+
+    try:
+        data = json.loads(Path(path).read_text())
+        return SearchSpec.model_validate(data, context={"stored": True})
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"Cannot read the spec {path}: {exc}.") from exc
 
 
 class NightlySettings(_Strict):

@@ -1,0 +1,174 @@
+"""``pareto search --workers N``: N local processes adding trials to one study.
+
+The study is created once, here, before any worker starts. Each worker is a ``pareto search``
+process with its share of ``--n-trials``, on Optuna's RDB storage with heartbeats (a worker that
+dies has its trial failed and retried by the others). Building and compressing models and
+evaluating accuracy run in parallel; latency timing takes the device's timing lock
+(``pareto.locks.device_lock``), so it runs one worker at a time per device, or, with ``--device
+cuda`` and several GPUs, one worker per GPU. When every worker has ended, this process confirms the
+best configurations with the baseline and reports the study, as a single search does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import IO, Any
+
+from pareto._runs import finish_run, start_run
+from pareto._search import (
+    Reporter,
+    SearchResult,
+    confirm_search,
+    create_study,
+    enqueue_baselines,
+    optuna_study,
+    prepare,
+    search_result,
+)
+from pareto.errors import UsageError
+from pareto.spec import SearchSpec
+
+#: The most local workers: beyond a few per core they only queue for the timing lock.
+MAX_WORKERS = 64
+
+
+def shares(n_trials: int, workers: int) -> list[int]:
+    """``n_trials`` split as evenly as possible over ``workers`` (the first ones take the remainder)."""
+    base, extra = divmod(n_trials, workers)
+    return [base + (1 if k < extra else 0) for k in range(workers)]
+
+
+def worker_devices(device: str, workers: int) -> list[str]:
+    """The device of each worker: with ``cuda`` (no index) and several GPUs, one GPU each in turn;
+    otherwise all on the same device, timing one at a time."""
+    if device.strip().lower() == "cuda":
+        import torch
+
+        count = torch.cuda.device_count()
+        if count > 1:
+            return [f"cuda:{k % count}" for k in range(workers)]
+    return [device] * workers
+
+
+def run_workers(spec: SearchSpec, *, db_url: str, workers: int, reporter: Reporter) -> SearchResult:
+    """Run ``workers`` local search processes on ``spec``'s study, then confirm and report.
+
+    Raises:
+        UsageError: a bad worker count, or a spec the study cannot take.
+    """
+    if not 1 <= workers <= MAX_WORKERS:
+        raise UsageError(f"--workers must be between 1 and {MAX_WORKERS}, got {workers}.")
+    create_study(spec, db_url=db_url)
+    # the task is loaded (and the demo model trained on first use) once, here; the baselines are
+    # queued once, here, so that the workers do not each queue one
+    setup = prepare(spec, db_url, reporter)
+    enqueue_baselines(setup, optuna_study(setup, db_url))
+    devices = worker_devices(spec.measure.device, workers)
+    reporter.notice(
+        f"{workers} workers on study {spec.study_name!r}: compression and accuracy in parallel, "
+        "latency timed one worker at a time per device."
+    )
+    with tempfile.TemporaryDirectory(prefix="pareto-workers-") as folder:
+        procs = []
+        for k, (share, device) in enumerate(zip(shares(spec.search.n_trials, workers), devices, strict=True)):
+            if share:
+                procs.append(_start_worker(spec, k, share, device, db_url, Path(folder), reporter))
+        reports = _wait(procs)
+    run = start_run(setup.bench, kind="search", study_id=setup.study_id)
+    interrupted = any(r.get("interrupted") for r in reports) or any(r.get("exit_code") == 130 for r in reports)
+    stopped_busy = any(r.get("stopped_busy") for r in reports)
+    finish_run(setup.bench, run, workers=workers, interrupted=interrupted, stopped_busy=stopped_busy)
+    confirmation = None if interrupted or stopped_busy else confirm_search(setup, run, reporter)
+    result = search_result(
+        setup,
+        trials_run=sum(r.get("trials_run", 0) for r in reports),
+        measured=sum(r.get("measured", 0) for r in reports),
+        busy=sum(r.get("busy_trials", 0) for r in reports),
+        interrupted=interrupted,
+        confirmation=confirmation,
+    )
+    result.stopped_busy = stopped_busy
+    failed = [r for r in reports if r["exit_code"] not in (0, 75, 130)]
+    for r in failed:
+        reporter.notice(f"Worker {r['worker']} ended with exit code {r['exit_code']}: {r.get('error') or 'see above'}")
+    return result
+
+
+class _Worker:
+    def __init__(self, number: int, proc: subprocess.Popen[str], relay: threading.Thread) -> None:
+        self.number, self.proc, self.relay = number, proc, relay
+        self.last_error = ""
+
+
+def _start_worker(
+    spec: SearchSpec, number: int, share: int, device: str, db_url: str, folder: Path, reporter: Reporter
+) -> _Worker:
+    """One ``pareto search`` process with its share of the trials; it confirms nothing (we do, after)."""
+    # each worker its own seed: the same seed would make every worker propose the same configurations
+    seed = spec.search.seed + number if spec.search.seed is not None else None
+    search = spec.search.model_copy(update={"n_trials": share, "confirm_top": 0, "seed": seed})
+    child = spec.model_copy(update={"search": search, "measure": spec.measure.model_copy(update={"device": device})})
+    path = folder / f"worker-{number}.json"
+    path.write_text(json.dumps(child.model_dump(mode="json")))
+    env = {**os.environ, "PARETO_WORKER": str(number)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pareto", "search", "--spec-json", str(path), "--db", db_url, "--worker"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    worker = _Worker(number, proc, threading.Thread())
+    assert proc.stderr is not None
+    worker.relay = threading.Thread(target=_relay, args=(worker, proc.stderr, reporter), daemon=True)
+    worker.relay.start()
+    return worker
+
+
+def _relay(worker: _Worker, stream: IO[str], reporter: Reporter) -> None:
+    """Each line a worker writes to stderr, shown here with its number."""
+    for line in stream:
+        text = line.rstrip()
+        if text:
+            worker.last_error = text
+            reporter.notice(f"[worker {worker.number}] {text}")
+
+
+def _wait(procs: list[_Worker]) -> list[dict[str, Any]]:
+    """Wait for every worker; each one's JSON report (its stdout), with its number and exit code."""
+    reports = []
+    for worker in procs:
+        out = _communicate(worker, procs)
+        worker.relay.join(timeout=5)
+        try:
+            report = json.loads(out) if out.strip() else {}
+        except json.JSONDecodeError:
+            report = {}
+        report.update(worker=worker.number, exit_code=worker.proc.returncode)
+        if worker.proc.returncode not in (0, 75, 130):
+            report["error"] = worker.last_error
+        reports.append(report)
+    return reports
+
+
+def _communicate(worker: _Worker, procs: list[_Worker]) -> str:
+    """A worker's stdout once it ended. Ctrl-C reaches the workers too (one process group): each
+    finishes its trial and stops, and this process waits for them; a second Ctrl-C ends them now."""
+    interrupted = False
+    while True:
+        try:
+            out, _ = worker.proc.communicate()
+            return out
+        except KeyboardInterrupt:
+            if interrupted:
+                for other in procs:
+                    if other.proc.poll() is None:
+                        other.proc.kill()
+                raise
+            interrupted = True

@@ -1,0 +1,174 @@
+"""Many workers on one study, as real processes: none lost, none duplicated, none left RUNNING."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from sqlalchemy import select
+
+from pareto._workers import shares
+from pareto.store.engine import open_engine, session_scope, upgrade
+from pareto.store.models import Measurement, Trial
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--task", "tests.tiny_task:make_task", "--threads", "1", "--device", "cpu", "--warmup", "5"]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **extra}
+    env.pop("PARETO_DB_URL", None)
+    return env
+
+
+def _pareto(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pareto", *args], cwd=cwd, env=_env(**env), capture_output=True, text=True, timeout=600
+    )
+
+
+def _check_study(db_url: str, study: str) -> tuple[list[optuna.trial.FrozenTrial], list[Trial]]:
+    """Every trial ended (COMPLETE or FAILED with a reason), and no configuration was measured twice."""
+    frozen = optuna.load_study(study_name=study, storage=db_url).get_trials(deepcopy=False)
+    assert {t.state.name for t in frozen} <= {"COMPLETE", "FAIL"}, [(t.number, t.state.name) for t in frozen]
+    with session_scope(open_engine(db_url)) as session:
+        rows = session.scalars(select(Trial).order_by(Trial.optuna_number)).all()
+        assert all(r.state in {"COMPLETE", "DUPLICATE", "FAILED", "BUSY"} for r in rows), [r.state for r in rows]
+        assert all(r.error for r in rows if r.state in {"FAILED", "DUPLICATE", "BUSY"})
+        numbers = [r.optuna_number for r in rows]
+        assert len(numbers) == len(set(numbers))
+        assert {t.number for t in frozen if t.state.name == "COMPLETE"} <= set(numbers)
+        measured = session.scalars(select(Trial.config_key).join(Measurement).where(Measurement.kind == "search")).all()
+        assert len(measured) == len(set(measured)), "a configuration was measured twice in one environment"
+        session.expunge_all()
+    return frozen, list(rows)
+
+
+def test_shares_split_the_trials() -> None:
+    assert shares(10, 3) == [4, 3, 3] and shares(2, 4) == [1, 1, 0, 0] and sum(shares(24, 4)) == 24
+
+
+def test_local_workers_share_one_study(db_url: str, tmp_path: Path) -> None:
+    workers = 3 if db_url.startswith("sqlite") else 8  # SQLite on one host; PostgreSQL for many
+    n_trials = 2 * workers
+    proc = _pareto(
+        "search",
+        *TINY,
+        "--study",
+        "w",
+        "--n-trials",
+        str(n_trials),
+        "--workers",
+        str(workers),
+        "--db",
+        db_url,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "database is locked" not in proc.stderr + proc.stdout
+    assert f"{workers} workers on study 'w'" in proc.stderr and "[worker 1] trial" in proc.stderr
+    frozen, rows = _check_study(db_url, "w")
+    assert len(frozen) == n_trials and len(rows) == n_trials
+    assert sum(r.is_baseline and r.state == "COMPLETE" for r in rows) == 1  # queued once, not per worker
+
+
+def test_a_worker_killed_mid_trial_is_failed_and_retried(db_url: str, tmp_path: Path) -> None:
+    made = _pareto(
+        "studies",
+        "create",
+        "--task",
+        "tests.tiny_task:make_slowable_task",
+        "--study",
+        "k",
+        "--db",
+        db_url,
+        cwd=tmp_path,
+    )
+    assert made.returncode == 0 and "ready for workers" in made.stdout, made.stderr
+    slow = {"PARETO_HEARTBEAT_S": "1", "PARETO_TEST_SLOWDOWN_MS": "3"}
+    args = [
+        "search",
+        "--task",
+        "tests.tiny_task:make_slowable_task",
+        "--study",
+        "k",
+        "--threads",
+        "1",
+        "--device",
+        "cpu",
+        "--warmup",
+        "5",
+        "--db",
+        db_url,
+    ]
+    victim = subprocess.Popen(
+        [sys.executable, "-m", "pareto", *args, "--n-trials", "3"],
+        cwd=tmp_path,
+        env=_env(**slow),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    engine = open_engine(db_url)
+    upgrade(engine)
+    deadline = time.monotonic() + 180
+    killed = None
+    try:
+        while time.monotonic() < deadline and killed is None:
+            with session_scope(engine) as session:
+                running = session.scalars(select(Trial).where(Trial.state == "RUNNING")).first()
+                if running is not None:
+                    time.sleep(0.5)  # mid-trial
+                    victim.send_signal(signal.SIGKILL)
+                    killed = running.optuna_number
+            time.sleep(0.1)
+    finally:
+        victim.kill()
+        victim.wait()
+    assert killed is not None, "the worker never started a trial"
+    time.sleep(3)  # past the grace period of 2 heartbeats
+    survivor = _pareto(*args, "--n-trials", "2", cwd=tmp_path, **slow)
+    assert survivor.returncode == 0, survivor.stderr[-3000:]
+    frozen, rows = _check_study(db_url, "k")
+    dead = next(t for t in frozen if t.number == killed)
+    assert dead.state.name == "FAIL"
+    dead_row = next(r for r in rows if r.optuna_number == killed)
+    assert dead_row.state == "FAILED" and "its worker stopped" in dead_row.error
+    retried = [t for t in frozen if t.system_attrs.get("failed_trial") == killed]
+    assert len(retried) == 1 and retried[0].state.name == "COMPLETE" and retried[0].params == dead.params
+
+
+def test_studies_create_refuses_other_objectives(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path}/p.db"
+    assert (
+        _pareto(
+            "studies", "create", "--task", "tests.tiny_task:make_task", "--study", "o", "--db", db, cwd=tmp_path
+        ).returncode
+        == 0
+    )
+    other = _pareto(
+        "studies",
+        "create",
+        "--task",
+        "tests.tiny_task:make_task",
+        "--study",
+        "o",
+        "--objective",
+        "accuracy,memory",
+        "--db",
+        db,
+        cwd=tmp_path,
+    )
+    assert other.returncode == 2 and "optimizes accuracy,p99, not accuracy,memory" in other.stderr
+    assert "Traceback" not in other.stderr
+
+
+@pytest.mark.parametrize("workers", ["0", "65"])
+def test_bad_worker_counts_are_refused(tmp_path: Path, workers: str) -> None:
+    proc = _pareto("search", *TINY, "--workers", workers, cwd=tmp_path)
+    assert proc.returncode == 2 and "--workers" in proc.stderr and "Traceback" not in proc.stderr
