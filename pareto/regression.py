@@ -18,9 +18,11 @@ from typing import Any
 
 from pareto.frontier import p99_verdict
 
-#: A P99 must grow by more than this factor to count as slower (asv's default is 1.1; a shared
-#: cloud machine's run-to-run drift of the same model's P99 is larger, see BENCHMARKS.md).
-DEFAULT_THRESHOLD = 1.25
+#: A P99 must grow by more than this factor to count as slower. asv's default is 1.1, for a dedicated
+#: benchmark machine; between two nightlies on a shared 2-core cloud VM the same configuration's P99
+#: moved by up to 1.6x with nothing changed (BENCHMARKS.md), and rounds within one run share that
+#: run's state, so the U test alone cannot tell such drift from a change. Lower it on a quiet machine.
+DEFAULT_THRESHOLD = 2.0
 #: asv's significance level for its Mann-Whitney U test.
 DEFAULT_P_VALUE = 0.002
 

@@ -51,10 +51,10 @@ def test_same_distribution_is_no_regression_and_a_shift_is() -> None:
     before = _metrics(same, 2.0, 1.8, 2.4)
     unchanged = compare(1, "x", before, _metrics(again, 2.1, 1.9, 2.5), slo_ms=7.0)
     assert not unchanged.regression and unchanged.test == "mann-whitney" and unchanged.p_value > 0.002
-    slower = compare(1, "x", before, _metrics([2 * m for m in again], 4.0, 3.6, 4.8), slo_ms=7.0)
+    slower = compare(1, "x", before, _metrics([2.5 * m for m in again], 5.0, 4.5, 6.0), slo_ms=7.0)
     assert slower.slower and slower.regression and slower.p_value < 0.002 and not slower.lost_slo
     # significant but within the threshold: noise on a shared machine, not a regression
-    slight = compare(1, "x", before, _metrics([1.1 * m for m in again], 2.2, 2.0, 2.6), slo_ms=7.0)
+    slight = compare(1, "x", before, _metrics([1.5 * m for m in again], 3.0, 2.7, 3.3), slo_ms=7.0)
     assert slight.p_value < 0.002 and not slight.regression
 
 
@@ -69,7 +69,7 @@ def test_few_rounds_fall_back_to_order_statistic_intervals() -> None:
     before = _metrics([1.0, 1.1], 2.0, 1.8, 2.4)
     overlapping = compare(1, "x", before, _metrics([2.0, 2.1], 2.6, 2.3, 3.0), slo_ms=None)
     assert overlapping.test == "intervals" and not overlapping.regression  # 2.3 < 2.4: could be the same
-    apart = compare(1, "x", before, _metrics([3.0, 3.1], 4.0, 3.5, 4.5), slo_ms=None)
+    apart = compare(1, "x", before, _metrics([3.0, 3.1], 5.0, 4.5, 5.5), slo_ms=None)
     assert apart.test == "intervals" and apart.regression
 
 
@@ -78,7 +78,7 @@ def test_nightly_config_and_overrides(tmp_path: Path) -> None:
         ROOT / "configs" / "nightly.yaml", {"study": "other", "nightly.time_budget": "2min"}
     )
     assert spec.study_name == "other" and settings.time_budget == 120_000 and db is None
-    assert spec.slo.p99_ms == 7.0 and settings.threshold == 1.25 and settings.p_value == 0.002
+    assert spec.slo.p99_ms == 7.0 and settings.threshold == 2.0 and settings.p_value == 0.002
     bad = tmp_path / "bad.yaml"
     bad.write_text("nightly:\n  threshold: 0.9\n")
     with pytest.raises(UsageError, match="nightly.threshold"):
@@ -135,7 +135,7 @@ def test_nightly_unchanged_then_slower_model(db_url: str, tmp_path: Path, monkey
 
     rows = pareto.history(study="night", db=db_url)
     assert [r["status"] for r in rows] == ["ok", "regression"]
-    assert rows[1]["regressions"][0]["ratio"] > 1.25
+    assert rows[1]["regressions"][0]["ratio"] > 2.0
 
 
 def test_nightly_searches_for_the_time_left(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
