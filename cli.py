@@ -65,7 +65,7 @@ def cli() -> None:
 @cli.command()
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="YAML search spec (see configs/).")
 @click.option("--task", help="Built-in task name (demo) or package.module:factory.")
-@study_option
+@click.option("--study", help="Study name; re-using one continues it [default: the task's name].")
 @slo_options
 @click.option("--min-throughput", type=RATE, help="Throughput floor, e.g. 500/s.")
 @click.option(
@@ -362,8 +362,8 @@ def studies(ctx: click.Context, db: str | None, as_json: bool) -> None:
         _print_json(rows)
         return
     table = Table(title="Studies")
-    columns = ("study", "task", "objectives", "complete", "failed", "duplicate", "running", "P99 SLO")
-    for column in (*columns, "environments", "last nightly", "updated"):
+    columns = ("study", "task", "scenario", "objectives", "complete", "failed", "duplicate", "busy", "running")
+    for column in (*columns, "P99 SLO", "environments", "last nightly", "updated"):
         table.add_column(column)
     for r in rows:
         p99 = r["slo"].get("p99")
@@ -371,10 +371,12 @@ def studies(ctx: click.Context, db: str | None, as_json: bool) -> None:
         table.add_row(
             r["study"],
             r["task"],
+            r["scenario"] or "—",
             ",".join(r["objectives"]),
             str(r["complete"]),
             str(r["failed"]),
             str(r["duplicate"]),
+            str(r["busy"]),
             str(r["running"]),
             format_ms(p99) if p99 else "—",
             str(r["environments"]),
@@ -406,28 +408,29 @@ def studies_create(
 @click.argument("name")
 @click.option("--yes", is_flag=True, help="Do not ask.")
 @db_option
-def studies_delete(name: str, yes: bool, db: str | None) -> None:
+def studies_delete(name: str, yes: bool, db: str | None) -> int:
     """Remove study NAME: its trials, measurements, runs, nightly history, and Optuna's study of that name."""
     from pareto.api import delete_study
     from pareto.api import studies as query
 
     known = {r["study"]: r for r in query(db=db)}
     if name not in known:
-        raise UsageError(f"No study named {name!r}; known: {', '.join(sorted(known)) or 'none'}.")
+        raise UsageError(f"No study named {name!r}; known studies: {', '.join(sorted(known)) or 'none'}.")
     row = known[name]
-    if not yes:
-        click.confirm(
-            f"Delete study {name!r} ({_count(row['complete'], 'measured trial')}, "
-            f"{_count(row['environments'], 'environment')})? This cannot be undone",
-            abort=True,
-            err=True,
-        )
+    if not yes and not click.confirm(
+        f"Delete study {name!r} ({_count(row['complete'], 'measured trial')}, "
+        f"{_count(row['environments'], 'environment')})? This cannot be undone",
+        err=True,
+    ):
+        err.print("Nothing deleted.")
+        return 1
     removed = delete_study(name, db=db)
     out.print(
         f"Deleted study {name!r}: {_count(removed['trials'], 'trial')}, "
         f"{_count(removed['measurements'], 'measurement')}, "
         f"{_count(removed['nightly_runs'], 'nightly run')}; Optuna's study {removed['optuna']}."
     )
+    return 0
 
 
 @cli.command()

@@ -560,6 +560,15 @@ class _Objective:
         except BaseException as exc:
             self._end(row_id, trial, config, exc)
             raise
+        unmeasured = [
+            metric
+            for metric, _ in objective_metrics(self.setup.spec.objectives)
+            if objective_value(result.metrics.to_dict(), metric) is None
+        ]
+        if unmeasured:  # failed as a whole, in both tables, before anything is stored as complete
+            error = TechniqueError(f"objective {', '.join(unmeasured)} could not be measured for this configuration")
+            self._end(row_id, trial, config, error)
+            raise error
         self._store(row_id, result)
         return self._finish(trial, TrialOutcome(trial.number, "COMPLETE", config.describe(), result.metrics.to_dict()))
 

@@ -10,6 +10,7 @@ confirmed measurement.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -101,8 +102,28 @@ def choose(
         if constraints.p99_ms is not None and (bound is None or bound > margin * constraints.p99_ms):
             continue
         chosen.append(c)
-    chosen.sort(key=lambda c: (-c.metrics["accuracy"], c.metrics.get(P99_BOUND_METRIC) or float("inf"), c.trial))
+    chosen.sort(key=lambda c: (-c.metrics["accuracy"], _bound_or_inf(c.metrics), c.trial))
     return chosen[:top]
+
+
+def _bound_or_inf(metrics: dict[str, Any]) -> float:
+    bound = metrics.get(P99_BOUND_METRIC)
+    return float("inf") if bound is None else float(bound)
+
+
+#: Metrics that belong to the machine a measurement was taken on, not to the configuration: dropped
+#: when a configuration measured in another environment is re-measured here (the latency fields are
+#: measured anew; these would mix the other machine's ceilings with this machine's times).
+MACHINE_FIELDS = (
+    "hardware_profile",
+    "roofline_bound_ms",
+    "regime",
+    "achieved_fraction",
+    "roofline_suspect",
+    "throughput_curve",
+    "saturation_batch",
+    "max_batch_within_slo",
+)
 
 
 def confirm(
@@ -158,8 +179,12 @@ def _entries(
 ) -> list[tuple[int, Candidate | None, Metrics, Config]]:
     """(trial id, the pick or None for a baseline, its stored metrics, its configuration) to time."""
     entries: list[tuple[int, Candidate | None, Metrics, Config]] = []
+    here = _environment_key(bench)
     for pick in picks:
         stored = Metrics(**{k: pick.metrics[k] for k in FIELD_NAMES})
+        if pick.environment.get("key") not in (None, here):
+            blank: dict[str, Any] = dict.fromkeys(MACHINE_FIELDS)
+            stored = dataclasses.replace(stored, **blank)
         entries.append((trial_ids[pick.trial], pick, stored, Config.from_dict(pick.config)))
     for batch_size in sorted({p.config["batch_size"] for p in picks}):
         base_id = baseline_trial(bench, study_id, batch_size)
@@ -272,6 +297,12 @@ def confirm_study(
         top=top,
         margin=margin,
     )
+
+
+def _environment_key(bench: Bench) -> str | None:
+    with session_scope(bench.engine) as session:
+        env = session.get(Environment, bench.env_id)
+        return env.key if env is not None else None
 
 
 def load_candidates(bench: Bench, study_id: int, env_id: int | None) -> list[Candidate]:

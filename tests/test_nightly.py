@@ -238,7 +238,7 @@ def test_history_and_studies_delete_on_the_command_line(db_url: str, tmp_path: P
     assert json.loads(listed.stdout)[0]["last_nightly"]["status"] == "ok"
 
     unknown = _cli("studies", "delete", "nope", "--yes", "--db", db_url, cwd=tmp_path)
-    assert unknown.returncode == 2 and "No study named 'nope'; known: night." in unknown.stderr
+    assert unknown.returncode == 2 and "No study named 'nope'; known studies: night." in unknown.stderr
     refused = subprocess.run(
         [sys.executable, "-m", "pareto", "studies", "delete", "night", "--db", db_url],
         cwd=tmp_path,
@@ -247,7 +247,7 @@ def test_history_and_studies_delete_on_the_command_line(db_url: str, tmp_path: P
         capture_output=True,
         text=True,
     )
-    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert refused.returncode == 1 and "Nothing deleted." in refused.stderr and "Traceback" not in refused.stderr
     assert pareto.studies(db=db_url)[0]["study"] == "night"  # asked, refused: nothing removed
     deleted = _cli("studies", "delete", "night", "--yes", "--db", db_url, cwd=tmp_path)
     assert deleted.returncode == 0 and "Deleted study 'night'" in deleted.stdout, deleted.stderr

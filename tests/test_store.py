@@ -232,3 +232,14 @@ def test_the_probe_quiet_time_is_the_median_of_recent_runs(db_url: str) -> None:
         assert probe_quiet_ms(session, "k") == pytest.approx(
             2.1
         )  # the lucky low has aged out; the busy one is outvoted
+
+
+def test_a_percent_sign_in_the_url_reaches_alembic_unchanged() -> None:
+    from sqlalchemy import create_engine
+
+    from pareto.store.engine import alembic_config
+
+    # a URL-encoded password ("p%40ss") is not ConfigParser interpolation
+    url = "postgresql+psycopg://u:p%40ss@127.0.0.1:1/x"
+    config = alembic_config(create_engine(url))
+    assert config.get_main_option("sqlalchemy.url") == url

@@ -54,7 +54,12 @@ def open_engine(url: str, *, create: bool = True) -> Engine:
     is_sqlite = make_url(url).get_backend_name() == "sqlite"
     try:
         engine = create_engine(url, **engine_kwargs(url))
-    except (ImportError, SQLAlchemyError) as exc:
+    except ImportError as exc:
+        raise StoreError(
+            f"Cannot open database {_safe(url)}: its driver is not installed ({exc.name or exc}); "
+            "for PostgreSQL: pip install 'pareto-slo[postgres]'."
+        ) from exc
+    except SQLAlchemyError as exc:
         raise StoreError(f"Cannot open database {_safe(url)}: {_first_line(exc)}.") from exc
     if is_sqlite:
         event.listen(engine, "connect", _sqlite_pragmas)
@@ -102,7 +107,8 @@ def alembic_config(engine: Engine) -> Any:
 
     cfg = Config()
     cfg.set_main_option("script_location", str(migrations_dir()))
-    cfg.set_main_option("sqlalchemy.url", engine.url.render_as_string(hide_password=False))
+    # ConfigParser reads "%" as interpolation: a URL-encoded password ("p%40ss") must be escaped
+    cfg.set_main_option("sqlalchemy.url", engine.url.render_as_string(hide_password=False).replace("%", "%%"))
     return cfg
 
 
