@@ -64,3 +64,36 @@ def test_a_pick_changed_by_confirmation_is_confirmed_in_another_pass(monkeypatch
     )
     assert calls == [[1], [2]]  # 2 was dominated by 1 until 1's confirmed bound missed the SLO
     assert [item.trial for item in result.items] == [1, 2] and result.runs == [1, 2]
+
+
+def test_confirming_another_machines_configuration_drops_its_machine_fields(db_url: str) -> None:
+    from sqlalchemy import select
+
+    import pareto
+    from pareto._search import run_search
+    from pareto.spec import SearchSpec
+    from pareto.store.engine import open_engine, session_scope
+    from pareto.store.models import Environment, Measurement
+
+    spec = SearchSpec.model_validate(
+        {
+            "task": "tests.tiny_task:make_task",
+            "study": "elsewhere",
+            "slo": {"p99": "1s"},
+            "search": {"n_trials": 2, "seed": 1, "confirm_top": 0},
+            "measure": {"device": "cpu", "threads": 1, "warmup": 5, "throughput_sweep": True, "contention_limit": 50},
+            "space": {"techniques": {"int8_dynamic": {}}},
+        }
+    )
+    run_search(spec, db_url=db_url)
+    engine = open_engine(db_url)
+    with session_scope(engine) as session:  # the study was measured on another machine
+        env = session.scalars(select(Environment)).one()
+        env.key, env.hostname = "0" * 16, "other-host"
+    pareto.confirm(study="elsewhere", environment="0000", top=1, db=db_url, threads=1)
+    with session_scope(engine) as session:
+        rows = session.scalars(select(Measurement).order_by(Measurement.id)).all()
+        there = [m for m in rows if m.environment.key == "0" * 16]
+        here = [m for m in rows if m.environment.key != "0" * 16]
+        assert there and all(m.throughput_curve for m in there if m.kind == "search")
+        assert here and all(m.kind == "confirm" and m.throughput_curve is None for m in here)
