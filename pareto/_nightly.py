@@ -483,34 +483,3 @@ def summary_markdown(summary: dict[str, Any]) -> str:
             "regression one pass found was not found again by a second. Nothing was concluded.",
         ]
     return "\n".join(lines) + "\n"
-
-
-def history(engine: Any, study: str) -> list[dict[str, Any]]:
-    """Every nightly of ``study``, oldest first, with the pick's P99 so that drift shows."""
-    with session_scope(engine) as session:
-        row = queries.get_study(session, study)
-        runs = session.scalars(select(NightlyRun).where(NightlyRun.study_id == row.id).order_by(NightlyRun.id)).all()
-        result = []
-        for r in runs:
-            summary = r.summary or {}
-            result.append(
-                {
-                    "id": r.id,
-                    "started_at": r.started_at.isoformat(),
-                    "finished_at": r.finished_at.isoformat() if r.finished_at else None,
-                    "status": r.status,
-                    "host": r.hostname,
-                    "pid": r.pid,
-                    "environment": r.environment.key,
-                    "environment_changes": summary.get("environment_changes", []),
-                    "pick_before": summary.get("pick_before"),
-                    "pick_after": summary.get("pick_after"),
-                    "frontier_added": summary.get("frontier_added", []),
-                    "frontier_removed": summary.get("frontier_removed", []),
-                    "regressions": summary.get("regressions", []),
-                    "comparisons": summary.get("comparisons", []),
-                    "trials_run": r.trials_run,
-                    "summary_path": r.summary_path,
-                }
-            )
-        return result

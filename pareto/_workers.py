@@ -25,7 +25,6 @@ from pareto._search import (
     Reporter,
     SearchResult,
     confirm_search,
-    create_study,
     enqueue_baselines,
     optuna_study,
     prepare,
@@ -64,9 +63,8 @@ def run_workers(spec: SearchSpec, *, db_url: str, workers: int, reporter: Report
     """
     if not 1 <= workers <= MAX_WORKERS:
         raise UsageError(f"--workers must be between 1 and {MAX_WORKERS}, got {workers}.")
-    create_study(spec, db_url=db_url)
-    # the task is loaded (and the demo model trained on first use) once, here; the baselines are
-    # queued once, here, so that the workers do not each queue one
+    # the study is created (pareto's row in prepare, Optuna's in optuna_study), the task loaded (the demo
+    # model trained on first use) and the baselines queued once, here, before any worker starts
     setup = prepare(spec, db_url, reporter)
     enqueue_baselines(setup, optuna_study(setup, db_url))
     devices = worker_devices(spec.measure.device, workers)

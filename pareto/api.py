@@ -161,14 +161,11 @@ def create_study(spec: SearchSpec, *, db: str | None = None) -> str:
 
 def history(*, study: str | None = None, db: str | None = None) -> list[dict[str, Any]]:
     """Every nightly run of a study, oldest first: status, pick before and after, regressions."""
-    from pareto._nightly import history as _history
-
     engine = open_engine(resolve_url(db), create=False)
     require_schema(engine)
     with session_scope(engine) as session:
-        name = study or queries.default_study(session).name
-        queries.get_study(session, name)
-    return _history(engine, name)
+        row = queries.get_study(session, study) if study else queries.default_study(session)
+        return queries.nightly_history(session, row)
 
 
 def delete_study(name: str, *, db: str | None = None) -> dict[str, Any]:

@@ -152,7 +152,7 @@ def confirm(
     if not picks:
         result.note = "nothing to confirm: no frontier configuration is feasible or near the SLO"
         return result
-    entries = _entries(bench, study_id, picks, trial_ids)
+    entries = _entries(bench, study_id, picks, trial_ids, env_key)
     run = start_run(bench, kind="confirm", study_id=study_id)
     result.run, result.runs = run.run_id, [run.run_id]
     items = []
@@ -175,11 +175,10 @@ def confirm(
 
 
 def _entries(
-    bench: Bench, study_id: int, picks: list[Candidate], trial_ids: dict[int, int]
+    bench: Bench, study_id: int, picks: list[Candidate], trial_ids: dict[int, int], here: str
 ) -> list[tuple[int, Candidate | None, Metrics, Config]]:
     """(trial id, the pick or None for a baseline, its stored metrics, its configuration) to time."""
     entries: list[tuple[int, Candidate | None, Metrics, Config]] = []
-    here = _environment_key(bench)
     for pick in picks:
         stored = Metrics(**{k: pick.metrics[k] for k in FIELD_NAMES})
         if pick.environment.get("key") not in (None, here):
@@ -297,12 +296,6 @@ def confirm_study(
         top=top,
         margin=margin,
     )
-
-
-def _environment_key(bench: Bench) -> str | None:
-    with session_scope(bench.engine) as session:
-        env = session.get(Environment, bench.env_id)
-        return env.key if env is not None else None
 
 
 def load_candidates(bench: Bench, study_id: int, env_id: int | None) -> list[Candidate]:

@@ -98,10 +98,13 @@ def test_frontier_and_studies_json(searched: Path) -> None:
     assert studies[0]["study"] == "tiny" and studies[0]["complete"] >= 1
 
 
-def test_best_does_not_import_torch(searched: Path) -> None:
+@pytest.mark.parametrize(
+    "query", [["best", "--slo-p99", "1s", "--json"], ["frontier"], ["studies"], ["history", "--study", "tiny"]]
+)
+def test_queries_do_not_import_torch(searched: Path, query: list[str]) -> None:
     code = (
         "import sys, cli\n"
-        "rc = cli.main(['best', '--slo-p99', '1s', '--json'])\n"
+        f"rc = cli.main({query!r})\n"
         "heavy = {'torch', 'optuna', 'numpy', 'scipy'} & set(sys.modules)\n"
         "assert not heavy, f'a query imported {heavy}'\n"
         "sys.exit(rc)\n"

@@ -274,6 +274,33 @@ def _last_nightly(session: Session, study_id: int) -> dict[str, Any] | None:
     return {"started_at": row.started_at.isoformat(), "status": row.status, "regressions": row.regressions}
 
 
+def nightly_history(session: Session, study: Study) -> list[dict[str, Any]]:
+    """Every nightly of ``study``, oldest first, with the pick's P99 so that drift shows."""
+    runs = session.scalars(select(NightlyRun).where(NightlyRun.study_id == study.id).order_by(NightlyRun.id)).all()
+    return [_nightly_row(r, r.summary or {}) for r in runs]
+
+
+def _nightly_row(r: NightlyRun, summary: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": r.id,
+        "started_at": r.started_at.isoformat(),
+        "finished_at": r.finished_at.isoformat() if r.finished_at else None,
+        "status": r.status,
+        "host": r.hostname,
+        "pid": r.pid,
+        "environment": r.environment.key,
+        "environment_changes": summary.get("environment_changes", []),
+        "pick_before": summary.get("pick_before"),
+        "pick_after": summary.get("pick_after"),
+        "frontier_added": summary.get("frontier_added", []),
+        "frontier_removed": summary.get("frontier_removed", []),
+        "regressions": summary.get("regressions", []),
+        "comparisons": summary.get("comparisons", []),
+        "trials_run": r.trials_run,
+        "summary_path": r.summary_path,
+    }
+
+
 def delete_study(session: Session, name: str) -> dict[str, Any]:
     """Delete a study's rows, children first (no reliance on the database's cascades); counts removed.
 
