@@ -323,7 +323,10 @@ class _Job:
             return [second if c is first else c for c in comparisons], noisy
         self.summary["reproduced"] = False
         self.notice("The second pass did not find it again: a noisy night, not a regression.")
-        kept = dataclasses.replace(first, regression=False, reason=f"not reproduced in a second pass: {first.reason}")
+        # the second pass is the later measurement; the first is kept in the summary as "first_pass"
+        kept = dataclasses.replace(
+            second or first, regression=False, reason=f"a first pass found, a second did not: {first.reason}"
+        )
         return [kept if c is first else c for c in comparisons], True
 
     def _search_on(self) -> tuple[int, bool]:

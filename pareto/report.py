@@ -552,7 +552,6 @@ def history_table(rows: list[dict[str, Any]]) -> Table | Text:
         table.add_column(name, overflow="fold")
     for r in rows:
         pick = r["pick_after"] or r["pick_before"]
-        remeasured = next((c for c in r["comparisons"] if pick and c["trial"] == pick["trial"]), None)
         notes = [*r["environment_changes"], *(c["reason"] for c in r["regressions"])]
         if r["frontier_added"] or r["frontier_removed"]:
             notes.append(f"frontier +{r['frontier_added']} -{r['frontier_removed']}")
@@ -562,7 +561,7 @@ def history_table(rows: list[dict[str, Any]]) -> Table | Text:
             r["host"],
             r["environment"],
             str(pick["trial"]) if pick else "—",
-            format_ms(remeasured["p99_after_ms"] if remeasured else pick and pick["latency_p99_ms"]),
+            format_ms(pick["latency_p99_ms"]) if pick else "—",
             format_ms(pick["latency_p99_upper_ms"]) if pick else "—",
             str(r["trials_run"]),
             escape("; ".join(notes)),
