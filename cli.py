@@ -2,58 +2,28 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from pareto._cli.options import (
+    DURATION,
+    RATE,
+    count,
+    db_option,
+    environment_option,
+    err,
+    json_option,
+    out,
+    print_json,
+    slo_options,
+    study_option,
+)
 from pareto.errors import ParetoError, UsageError
-from pareto.units import format_ms, parse_duration_ms, parse_rate_per_s, parse_size_bytes
-
-# piped or captured output gets full-width tables instead of rich's 80-column default
-out = Console(highlight=False, width=None if sys.stdout.isatty() else 180)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
-
-
-class _Checked(click.ParamType):
-    """A string option checked by a pareto parser and passed on unchanged."""
-
-    def __init__(self, name: str, parser: Any) -> None:
-        self.name, self.parser = name, parser
-
-    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
-        try:
-            self.parser(value)
-        except UsageError as exc:
-            self.fail(str(exc), param, ctx)
-        return value
-
-
-DURATION = _Checked("duration", parse_duration_ms)
-SIZE = _Checked("size", parse_size_bytes)
-RATE = _Checked("rate", parse_rate_per_s)
-
-db_option = click.option(
-    "--db", envvar="PARETO_DB_URL", help="Database URL [env PARETO_DB_URL; default sqlite:///pareto.db]."
-)
-json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
-study_option = click.option("--study", help="Study name (default: the only study in the database).")
-environment_option = click.option(
-    "--environment",
-    metavar="KEY|latest|all",
-    help="Compare measurements from this environment only [default: latest, where the study was last measured].",
-)
-
-
-def slo_options(func: Any) -> Any:
-    func = click.option("--max-memory", type=SIZE, help="Memory budget (params + activations + KV), e.g. 2GB.")(func)
-    func = click.option("--min-accuracy", type=float, help="Accuracy floor (the task's metric).")(func)
-    func = click.option("--slo-p99", type=DURATION, help="P99 latency bound, e.g. 7ms, 500us.")(func)
-    return func
+from pareto.units import format_ms
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -142,7 +112,7 @@ def search(
     with ProgressReporter(err, enabled=as_worker or not as_json) as reporter:
         result = run(spec, db=db, reporter=reporter, workers=workers)
     if as_json or as_worker:
-        _print_json(_search_json(result))
+        print_json(_search_json(result))
         return _search_exit(result)
     _print_search(result)
     return _search_exit(result)
@@ -194,12 +164,12 @@ def _print_search(result: Any) -> None:
 
     if result.interrupted:
         err.print(
-            f"Interrupted: {_count(result.measured, 'trial')} measured in this run, all stored. "
+            f"Interrupted: {count(result.measured, 'trial')} measured in this run, all stored. "
             "Run the same command to continue the study."
         )
     if result.busy:
         err.print(
-            f"{_count(result.busy, 'trial')} could not be judged: the machine stayed busy (stored as BUSY, "
+            f"{count(result.busy, 'trial')} could not be judged: the machine stayed busy (stored as BUSY, "
             "not shown to the sampler; measured again when proposed again)."
         )
     if result.confirmation is not None and result.confirmation.items:
@@ -239,7 +209,7 @@ def best(
     )
     _environment_note(pick["environment"])
     if as_json:
-        _print_json(pick)
+        print_json(pick)
         return
     from pareto.report import best_card
 
@@ -270,7 +240,7 @@ def frontier(
     if front:
         _environment_note(front[0]["environment"])
     if as_json:
-        _print_json(front)
+        print_json(front)
         return
     from pareto.report import frontier_table
 
@@ -335,7 +305,7 @@ def confirm(
         db=db,
     )
     if as_json:
-        _print_json(result)
+        print_json(result)
         return
     from pareto.report import confirmation_table
 
@@ -359,7 +329,7 @@ def studies(ctx: click.Context, db: str | None, as_json: bool) -> None:
 
     rows = query(db=db)
     if as_json:
-        _print_json(rows)
+        print_json(rows)
         return
     table = Table(title="Studies")
     columns = ("study", "task", "scenario", "objectives", "complete", "failed", "duplicate", "busy", "running")
@@ -418,17 +388,17 @@ def studies_delete(name: str, yes: bool, db: str | None) -> int:
         raise UsageError(f"No study named {name!r}; known studies: {', '.join(sorted(known)) or 'none'}.")
     row = known[name]
     if not yes and not click.confirm(
-        f"Delete study {name!r} ({_count(row['complete'], 'measured trial')}, "
-        f"{_count(row['environments'], 'environment')})? This cannot be undone",
+        f"Delete study {name!r} ({count(row['complete'], 'measured trial')}, "
+        f"{count(row['environments'], 'environment')})? This cannot be undone",
         err=True,
     ):
         err.print("Nothing deleted.")
         return 1
     removed = delete_study(name, db=db)
     out.print(
-        f"Deleted study {name!r}: {_count(removed['trials'], 'trial')}, "
-        f"{_count(removed['measurements'], 'measurement')}, "
-        f"{_count(removed['nightly_runs'], 'nightly run')}; Optuna's study {removed['optuna']}."
+        f"Deleted study {name!r}: {count(removed['trials'], 'trial')}, "
+        f"{count(removed['measurements'], 'measurement')}, "
+        f"{count(removed['nightly_runs'], 'nightly run')}; Optuna's study {removed['optuna']}."
     )
     return 0
 
@@ -458,7 +428,7 @@ def nightly(
     with ProgressReporter(err, enabled=not as_json) as reporter:
         result = run(spec, settings, db=db or config_db, reporter=reporter, notice=lambda m: err.print(m, markup=False))
     if as_json:
-        _print_json(result.summary)
+        print_json(result.summary)
     else:
         from pareto.report import nightly_card
 
@@ -477,7 +447,7 @@ def history(study: str | None, db: str | None, as_json: bool) -> None:
 
     rows = query(study=study, db=db)
     if as_json:
-        _print_json(rows)
+        print_json(rows)
         return
     from pareto.report import history_table
 
@@ -567,7 +537,7 @@ def measure(
     )
     notes = card.pop("notes")
     if as_json:
-        _print_json(card)
+        print_json(card)
         return
     from pareto.report import measure_card
 
@@ -586,7 +556,7 @@ def _remeasure(
     for note in notes:
         err.print(note, markup=False)
     if as_json:
-        _print_json(card)
+        print_json(card)
         return
     from pareto.report import remeasure_card
 
@@ -611,7 +581,7 @@ def calibrate(device: str, threads: int | None, seconds: float, db: str | None, 
 
     profile = run(device=device, threads=threads, seconds=seconds, db=db)
     if as_json:
-        _print_json(profile)
+        print_json(profile)
         return
     from pareto.report import profile_table
 
@@ -635,7 +605,7 @@ def roofline(task: str, hardware: str, batch_size: int | None, device: str, db: 
 
     result = run(task, hardware=hardware, batch_size=batch_size, device=device, db=db)
     if as_json:
-        _print_json(result)
+        print_json(result)
         return
     from pareto.report import roofline_table
 
@@ -650,7 +620,7 @@ def hardware(as_json: bool) -> None:
 
     profiles = run()
     if as_json:
-        _print_json(profiles)
+        print_json(profiles)
         return
     from pareto.report import profile_table
 
@@ -667,7 +637,7 @@ def techniques(device: str, task: str | None, as_json: bool) -> None:
 
     listing = run(device=device, task=task)
     if as_json:
-        _print_json(listing)
+        print_json(listing)
         return
     table = Table(
         title="Techniques (applied in this order: distill → prune → lowrank → finetune → quantize → compile)",
@@ -703,12 +673,15 @@ def db_upgrade(db: str | None) -> None:
     out.print(f"Database {engine.url.render_as_string(hide_password=True)} is at revision {current_revision(engine)}.")
 
 
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" + ("" if n == 1 else "s")
+# commands that live in their own modules under pareto/_cli/, each defining ``command``
+def _add_module_commands() -> None:
+    from pareto._cli import explain
+
+    for module in (explain,):
+        cli.add_command(module.command)
 
 
-def _print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+_add_module_commands()
 
 
 def main(argv: list[str] | None = None) -> int:

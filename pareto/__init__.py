@@ -8,7 +8,19 @@ from __future__ import annotations
 
 # imported after the submodules they share names with, so `pareto.frontier` is the function; the
 # search runs in `pareto._search` and the nightly job in `pareto._nightly`, whose names no public function shares
-from pareto.api import best, confirm, delete_study, frontier, history, nightly, remeasure, search, studies
+from pareto.api import (
+    best,
+    confirm,
+    delete_study,
+    explain,
+    frontier,
+    history,
+    nightly,
+    remeasure,
+    search,
+    studies,
+    trials,
+)
 from pareto.task import AttentionShape, Task
 
 __all__ = [
@@ -17,11 +29,13 @@ __all__ = [
     "best",
     "confirm",
     "delete_study",
+    "explain",
     "frontier",
     "history",
     "nightly",
     "remeasure",
     "search",
     "studies",
+    "trials",
 ]
 __version__ = "0.1.0"

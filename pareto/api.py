@@ -9,13 +9,27 @@ Example::
 
 from __future__ import annotations
 
-from collections import defaultdict
-from dataclasses import dataclass
+import threading
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
-from pareto.errors import UsageError
-from pareto.frontier import DEFAULT_OBJECTIVE_NAMES, Candidate, Constraints, judged, objective_metrics, select_best
-from pareto.frontier import frontier as _frontier
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session
+
+from pareto.errors import NoFeasibleConfiguration, UsageError
+from pareto.frontier import (
+    DEFAULT_OBJECTIVE_NAMES,
+    Candidate,
+    Constraints,
+    distance_names,
+    distances,
+    fastest_first,
+    judged,
+    no_feasible,
+    non_dominated,
+    objective_columns,
+    objective_metrics,
+)
 from pareto.slo import (
     DEFAULT_CONFIDENCE,
     DEFAULT_CONTENTION_LIMIT,
@@ -26,7 +40,7 @@ from pareto.slo import (
 )
 from pareto.store import queries
 from pareto.store.engine import open_engine, require_schema, resolve_url, session_scope
-from pareto.store.models import Study
+from pareto.store.models import Environment, Study
 from pareto.units import parse_duration_ms, parse_size_bytes
 
 if TYPE_CHECKING:
@@ -47,7 +61,8 @@ def best(
     """The stored configuration with the highest accuracy that meets the SLOs (conservative bounds).
 
     Measurements are compared within one environment only; a trial's confirmed measurement (from
-    ``confirm`` or the end of a search) is used over its search measurement.
+    ``confirm`` or the end of a search) is used over its search measurement. The database filters
+    and orders the trials (one indexed query), so the answer does not load the study.
 
     Args:
         study: Study name; may be omitted when the database holds one study.
@@ -63,14 +78,20 @@ def best(
 
     Raises:
         NoFeasibleConfiguration: nothing stored meets the SLOs (the message names the closest).
-        UsageError: unknown study or environment, malformed SLO, or ``environment="all"``.
+        NotFound: no such study. UsageError: unknown environment, malformed SLO, or ``environment="all"``.
     """
     if environment == "all":
         raise UsageError("A pick compares measurements within one environment; name one with --environment KEY.")
-    loaded = _load(study, slo_p99, min_accuracy, max_memory, environment, db)
-    pick = select_best(loaded.candidates, loaded.constraints, study=loaded.name).to_dict()
-    pick["environment"] = {**pick["environment"], **loaded.environment_note}
-    return pick
+    given = _constraints(slo_p99, min_accuracy, max_memory)
+    with session_scope(_read_engine(db)) as session:
+        row, env, known = _study_and_environment(session, study, environment)
+        constraints = _with_study_defaults(given, row.spec)
+        pick = queries.best_candidate(session, row, env, constraints) if env is not None else None
+        if pick is None:
+            raise _nothing_feasible(session, row, env, constraints)
+        result = judged(pick, constraints).to_dict()
+    result["environment"] = {**result["environment"], **_environment_note(row.name, env.key if env else None, known)}
+    return result
 
 
 def frontier(
@@ -84,27 +105,176 @@ def frontier(
 ) -> list[dict[str, Any]]:
     """The Pareto frontier (the study's objectives), fastest first, each with its SLO verdict.
 
-    With ``environment="all"`` one frontier per environment, one after the other; otherwise the
-    frontier of one environment (default: the study's latest).
+    With ``environment="all"`` one frontier per environment, the latest first; otherwise the
+    frontier of one environment (default: the study's latest). Only the objective columns of every
+    trial are read; whole rows only for the frontier's members.
     """
-    loaded = _load(study, slo_p99, min_accuracy, max_memory, environment, db)
-    groups: dict[str, list[Candidate]] = defaultdict(list)
-    for c in loaded.candidates:
-        groups[c.environment["key"]].append(c)
-    rows = []
-    for group in groups.values():
-        for c in _frontier(group, objective_metrics(loaded.objectives)):
-            row = judged(c, loaded.constraints).to_dict()
-            row["environment"] = {**row["environment"], **loaded.environment_note}
-            rows.append(row)
+    given = _constraints(slo_p99, min_accuracy, max_memory)
+    with session_scope(_read_engine(db)) as session:
+        row, env, known = _study_and_environment(session, study, environment)
+        constraints = _with_study_defaults(given, row.spec)
+        objectives = objective_metrics(row.spec.get("objectives", list(DEFAULT_OBJECTIVE_NAMES)))
+        if env is not None:
+            groups = [env]
+        elif environment == "all":
+            found = (queries.choose_environment(session, row, e["key"], known) for e in known)
+            groups = [e for e in found if e is not None]
+        else:
+            groups = []
+        note = _environment_note(row.name, env.key if env else None, known)
+        rows = []
+        for group in groups:
+            for c in fastest_first(_front(session, row, group, objectives)):
+                item = judged(c, constraints).to_dict()
+                item["environment"] = {**item["environment"], **note}
+                rows.append(item)
     return rows
+
+
+def explain(
+    *,
+    study: str | None = None,
+    slo_p99: str | float | None = None,
+    min_accuracy: float | None = None,
+    max_memory: str | int | None = None,
+    environment: str | None = None,
+    db: str | None = None,
+) -> dict[str, Any]:
+    """Why each frontier configuration was or was not chosen for these limits (``pareto.explain``).
+
+    Returns:
+        ``{"study", "environment", "constraints", "pick", "items", "nearest"}``: one item per frontier
+        configuration, fastest first, with its verdict (chosen, misses, dominated, tie, incomparable)
+        and one sentence; when nothing qualifies, ``nearest`` says what the closest configurations
+        would need and the limits under which each would qualify.
+
+    Raises:
+        NotFound: no such study. UsageError: unknown environment, malformed SLO, ``environment="all"``.
+    """
+    from pareto.explanation import NEAREST, explain_choice
+
+    if environment == "all":
+        raise UsageError(
+            "An explanation compares measurements within one environment; name one with --environment KEY."
+        )
+    given = _constraints(slo_p99, min_accuracy, max_memory)
+    with session_scope(_read_engine(db)) as session:
+        row, env, known = _study_and_environment(session, study, environment)
+        constraints = _with_study_defaults(given, row.spec)
+        objectives = objective_metrics(row.spec.get("objectives", list(DEFAULT_OBJECTIVE_NAMES)))
+        front = fastest_first(_front(session, row, env, objectives)) if env is not None else []
+        pick = queries.best_candidate(session, row, env, constraints) if env is not None else None
+        nearest = _nearest(session, row, env, constraints, NEAREST) if pick is None else []
+    result = explain_choice(front, pick, constraints, nearest)
+    env_note = {"key": env.key if env else None, **_environment_note(row.name, env.key if env else None, known)}
+    return {"study": row.name, "environment": env_note, **result}
+
+
+def _front(session: Session, row: Study, env: Environment, objectives: tuple[tuple[str, bool], ...]) -> list[Candidate]:
+    """The frontier's members in one environment: the sweep runs on the objective columns of every
+    trial, and only its members are read whole."""
+    import numpy as np
+
+    ids, columns = queries.light_columns(session, row, env, [metric for metric, _ in objectives])
+    points = objective_columns(columns, objectives)
+    usable = np.flatnonzero(~np.isnan(points).any(axis=1)) if len(ids) else np.array([], dtype=int)
+    chosen = non_dominated(points[usable], [maximize for _, maximize in objectives]) if len(usable) else []
+    return queries.candidates(session, row, env, measurement_ids=[ids[int(usable[i])] for i in chosen])
+
+
+def _nothing_feasible(
+    session: Session, row: Study, env: Environment | None, constraints: Constraints
+) -> NoFeasibleConfiguration:
+    """The error for a study where nothing meets the constraints, naming the closest trial."""
+    closest = _nearest(session, row, env, constraints, 1)
+    if not closest:
+        return NoFeasibleConfiguration(f"Study {row.name!r} has no completed trial to choose from yet.")
+    return no_feasible(row.name, constraints, closest[0])
+
+
+def _nearest(
+    session: Session, row: Study, env: Environment | None, constraints: Constraints, count: int
+) -> list[Candidate]:
+    """The ``count`` configurations closest to meeting the constraints (lowest distance, then the
+    lowest trial number), read whole only once chosen."""
+    import numpy as np
+
+    ids, columns = queries.light_columns(session, row, env, distance_names(constraints)) if env else ([], {})
+    if not ids:
+        return []
+    gaps = distances(columns, constraints) if columns else np.zeros(len(ids))
+    cutoff = np.sort(gaps)[min(count, len(gaps)) - 1]
+    near = [ids[int(i)] for i in np.flatnonzero(gaps <= cutoff)]  # every tie at the cutoff, then by trial
+    found = queries.candidates(session, row, env, measurement_ids=near)
+    by_id = dict(zip(ids, gaps, strict=True))
+    found.sort(key=lambda c: (by_id[c.measurement_id or 0], c.trial))
+    return found[:count]
+
+
+def _study_and_environment(
+    session: Session, study: str | None, environment: str | None
+) -> tuple[Study, Environment | None, list[dict[str, Any]]]:
+    row: Study = queries.get_study(session, study) if study else queries.default_study(session)
+    known = queries.study_environments(session, row)
+    return row, queries.choose_environment(session, row, environment, known), known
+
+
+#: Engines of the databases this process reads, kept open across queries (``pareto serve``, loops);
+#: the least recently used is closed beyond ``_ENGINE_CACHE`` of them.
+_ENGINES: OrderedDict[str, Engine] = OrderedDict()
+_ENGINES_LOCK = threading.Lock()
+_ENGINE_CACHE = 8
+
+
+def _read_engine(db: str | None) -> Engine:
+    """An engine on an existing pareto database (never creates one), reused across calls."""
+    url = resolve_url(db)
+    with _ENGINES_LOCK:
+        engine = _ENGINES.get(url)
+        if engine is not None:
+            _ENGINES.move_to_end(url)
+            return engine
+    engine = open_engine(url, create=False)
+    require_schema(engine)
+    with _ENGINES_LOCK:
+        _ENGINES[url] = engine
+        while len(_ENGINES) > _ENGINE_CACHE:
+            _, old = _ENGINES.popitem(last=False)
+            old.dispose()
+    return engine
+
+
+def trials(
+    *,
+    study: str | None = None,
+    slo_p99: str | float | None = None,
+    min_accuracy: float | None = None,
+    max_memory: str | int | None = None,
+    environment: str | None = None,
+    db: str | None = None,
+) -> list[dict[str, Any]]:
+    """Every completed trial of a study measured in one environment (default: the latest), in trial
+    order, each with its SLO judgement (``slo``) and its preferred measurement (confirmed first).
+
+    With ``environment="all"`` each trial once per environment it was measured in.
+    """
+    given = _constraints(slo_p99, min_accuracy, max_memory)
+    with session_scope(_read_engine(db)) as session:
+        row, env, known = _study_and_environment(session, study, environment)
+        constraints = _with_study_defaults(given, row.spec)
+        found = queries.candidates(session, row, env) if env is not None or environment == "all" else []
+        note = _environment_note(row.name, env.key if env else None, known)
+    result = []
+    for c in found:
+        item = judged(c, constraints).to_dict()
+        item["environment"] = {**item["environment"], **note}
+        result.append(item)
+    return result
 
 
 def studies(*, db: str | None = None) -> list[dict[str, Any]]:
     """Every study in the database with its trial counts."""
-    engine = open_engine(resolve_url(db), create=False)
-    require_schema(engine)
-    with session_scope(engine) as session:
+    with session_scope(_read_engine(db)) as session:
         return queries.study_summaries(session)
 
 
@@ -195,39 +365,6 @@ def _delete_optuna_study(name: str, url: str) -> str:
     except KeyError:
         return "was not there"
     return "deleted"
-
-
-@dataclass
-class _Loaded:
-    candidates: list[Candidate]
-    constraints: Constraints
-    name: str
-    objectives: list[str]
-    environment_note: dict[str, Any]
-
-
-def _load(
-    study: str | None,
-    slo_p99: str | float | None,
-    min_accuracy: float | None,
-    max_memory: str | int | None,
-    environment: str | None,
-    db: str | None,
-) -> _Loaded:
-    constraints_given = _constraints(slo_p99, min_accuracy, max_memory)
-    engine = open_engine(resolve_url(db), create=False)
-    require_schema(engine)
-    with session_scope(engine) as session:
-        row: Study = queries.get_study(session, study) if study else queries.default_study(session)
-        env = queries.choose_environment(session, row, environment)
-        known = queries.study_environments(session, row)
-        return _Loaded(
-            candidates=queries.candidates(session, row, env),
-            constraints=_with_study_defaults(constraints_given, row.spec),
-            name=row.name,
-            objectives=row.spec.get("objectives", list(DEFAULT_OBJECTIVE_NAMES)),
-            environment_note=_environment_note(row.name, env.key if env else None, known),
-        )
 
 
 def _constraints(slo_p99: str | float | None, min_accuracy: float | None, max_memory: str | int | None) -> Constraints:

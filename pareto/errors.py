@@ -15,6 +15,10 @@ class UsageError(ParetoError):
     exit_code = 2
 
 
+class NotFound(UsageError):
+    """A study or trial the database does not hold (HTTP 404 in ``pareto serve``)."""
+
+
 class TaskError(UsageError):
     """A task that cannot be found, imported or built."""
 

@@ -84,6 +84,7 @@ class Candidate:
     environment: dict[str, Any]
     slo: dict[str, Any] = field(default_factory=dict)
     confirmation: dict[str, Any] | None = None
+    measurement_id: int | None = None  #: the stored row the metrics come from (not part of ``to_dict``)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -123,23 +124,42 @@ class Judgement:
 
 
 def non_dominated(points: Sequence[Sequence[float]], maximize: Sequence[bool]) -> list[int]:
-    """Indices of the points no other point dominates, for any number of objectives.
+    """Indices of the points no other point dominates, for any number of objectives, in index order.
 
     A point dominates another when it is at least as good in every objective and better in one;
     equal points therefore do not dominate each other, and duplicates stay on the frontier together.
+    The points are sorted once (O(n log n)); with two objectives one sweep then finds the front, with
+    more each front point removes the points it dominates (the approach of Optuna's own
+    ``_is_pareto_front``, without its slower ``np.unique`` over rows).
     """
-    signs = [1.0 if m else -1.0 for m in maximize]
-    scored = [[s * v for s, v in zip(signs, p, strict=True)] for p in points]
-    front = []
-    for i, a in enumerate(scored):
-        dominated = any(
-            all(bj >= aj for aj, bj in zip(a, b, strict=True)) and any(bj > aj for aj, bj in zip(a, b, strict=True))
-            for j, b in enumerate(scored)
-            if j != i
-        )
-        if not dominated:
-            front.append(i)
-    return front
+    import numpy as np
+
+    n = len(points)
+    if n == 0:
+        return []
+    signs = np.where(np.asarray(maximize, dtype=bool), -1.0, 1.0)  # every objective minimized
+    values = np.asarray(points, dtype=float).reshape(n, len(signs)) * signs
+    order = np.lexsort(values.T[::-1])  # by the first objective, ties by the next, ...
+    ranked = values[order]
+    first = np.ones(n, dtype=bool)  # the first of each run of equal points
+    first[1:] = np.any(ranked[1:] != ranked[:-1], axis=1)
+    unique = ranked[first]
+    on_front = np.zeros(len(unique), dtype=bool)
+    if values.shape[1] == 1:
+        on_front[0] = True
+    elif values.shape[1] == 2:
+        # sorted by the first objective: a point is on the front iff it beats every earlier second value
+        on_front[0] = True
+        on_front[1:] = unique[1:, 1] < np.minimum.accumulate(unique[:, 1])[:-1]
+    else:
+        rest = unique[:, 1:]
+        remaining = np.arange(len(unique))
+        while len(remaining):
+            top = remaining[0]  # no later point can dominate the first in sort order
+            on_front[top] = True
+            remaining = remaining[np.any(rest[remaining] < rest[top], axis=1)]
+    group = np.cumsum(first) - 1  # each sorted point's run of equal points
+    return sorted(int(i) for i in order[on_front[group]])
 
 
 def objective_value(metrics: dict[str, Any], metric: str) -> float | None:
@@ -163,8 +183,67 @@ def frontier(
     """The non-dominated candidates, fastest first."""
     usable = [c for c in candidates if all(objective_value(c.metrics, name) is not None for name, _ in objectives)]
     points = [[objective_value(c.metrics, name) or 0.0 for name, _ in objectives] for c in usable]
-    front = [usable[i] for i in non_dominated(points, [m for _, m in objectives])]
+    return fastest_first([usable[i] for i in non_dominated(points, [m for _, m in objectives])])
+
+
+def fastest_first(front: Sequence[Candidate]) -> list[Candidate]:
+    """The frontier's display order: lowest P99 bound first, then the most accurate, then trial number."""
     return sorted(front, key=lambda c: (_p99_key(c), -c.metrics["accuracy"], c.trial))
+
+
+def objective_columns(columns: dict[str, Any], objectives: Sequence[tuple[str, bool]]) -> Any:
+    """``objective_value`` over arrays of stored values (``queries.light_columns``): an n × k array,
+    NaN where a trial has no usable value. A stored measurement always has a P99, so a missing bound
+    is +inf, never better than a bounded one; memory arrives with the parameters as its fallback."""
+    import numpy as np
+
+    out = []
+    for metric, _ in objectives:
+        values = np.array(columns[metric], dtype=float)
+        if metric == P99_BOUND_METRIC:
+            values[np.isnan(values)] = np.inf
+        else:
+            values[~np.isfinite(values)] = np.nan
+        out.append(values)
+    return np.stack(out, axis=1) if out else np.empty((0, 0))
+
+
+def distances(columns: dict[str, Any], constraints: Constraints) -> Any:
+    """``distance`` over arrays of stored values: the relative gaps of ``constraint_gaps``, summed."""
+    import numpy as np
+
+    n = len(next(iter(columns.values()))) if columns else 0
+    total = np.zeros(n)
+    with np.errstate(invalid="ignore"):
+        if constraints.p99_ms is not None:
+            upper = columns[P99_BOUND_METRIC]
+            gap = np.where(np.isnan(upper), np.inf, (upper - constraints.p99_ms) / constraints.p99_ms)
+            gap = np.where(columns["samples"] < constraints.min_samples, np.maximum(gap, 1e-6), gap)
+            total += np.maximum(gap, 0.0)
+        if constraints.min_accuracy is not None:
+            floor = constraints.min_accuracy
+            total += np.maximum((floor - columns["accuracy"]) / _scale(floor), 0.0)
+        if constraints.max_memory_bytes is not None:
+            budget = constraints.max_memory_bytes
+            total += np.maximum((columns["memory_bytes"] - budget) / budget, 0.0)
+        if constraints.min_throughput_per_s is not None:
+            floor_t = constraints.min_throughput_per_s
+            total += np.maximum((floor_t - columns["throughput_per_s"]) / floor_t, 0.0)
+    return np.where(np.isfinite(total), total, 1e9)
+
+
+def distance_names(constraints: Constraints) -> list[str]:
+    """The stored metrics ``distances`` reads for these constraints."""
+    names = []
+    if constraints.p99_ms is not None:
+        names += [P99_BOUND_METRIC, "samples"]
+    if constraints.min_accuracy is not None:
+        names.append("accuracy")
+    if constraints.max_memory_bytes is not None:
+        names.append("memory_bytes")
+    if constraints.min_throughput_per_s is not None:
+        names.append("throughput_per_s")
+    return names
 
 
 def p99_verdict(metrics: dict[str, Any], slo_ms: float, min_samples: int = MIN_SAMPLES_P99) -> Verdict:
@@ -222,12 +301,12 @@ def evaluate(metrics: dict[str, Any], constraints: Constraints) -> Judgement:
     if gaps.get("min_throughput_per_s", 0) > 0:
         floor_t, have = constraints.min_throughput_per_s or 0.0, metrics["throughput_per_s"]
         violations.append(f"its throughput is {have:,.0f}/s, {floor_t - have:,.0f}/s below {floor_t:,.0f}/s")
-    distance = sum(max(gap, 0.0) for gap in gaps.values())
+    total = sum(max(gap, 0.0) for gap in gaps.values())
     return Judgement(
         feasible=(not violations) if constraints.any else None,
         p99_verdict=verdict,
         violations=tuple(violations),
-        distance=distance if math.isfinite(distance) else 1e9,
+        distance=total if math.isfinite(total) else 1e9,
         undecided_only=undecided and len(violations) == 1,
     )
 
@@ -269,11 +348,23 @@ def select_best(candidates: Sequence[Candidate], constraints: Constraints, *, st
     if feasible:
         pick = min(feasible, key=lambda c: (-c.metrics["accuracy"], _p99_key(c), c.confirmation is None, c.trial))
         return judged(pick, constraints)
-    closest, why = min(judgements, key=lambda cj: (cj[1].distance, cj[0].trial))
-    raise NoFeasibleConfiguration(
+    closest, _ = min(judgements, key=lambda cj: (cj[1].distance, cj[0].trial))
+    raise no_feasible(study, constraints, closest)
+
+
+def no_feasible(study: str, constraints: Constraints, closest: Candidate) -> NoFeasibleConfiguration:
+    """The error when nothing meets ``constraints``, naming the closest candidate and how it falls short."""
+    why = evaluate(closest.metrics, constraints)
+    return NoFeasibleConfiguration(
         f"No stored configuration of study {study!r} meets {constraints.describe()}; the closest is "
         f"trial {closest.trial} ({closest.description}): {'; '.join(why.violations)}."
     )
+
+
+def distance(metrics: dict[str, Any], constraints: Constraints) -> float:
+    """How far from feasible: the sum of the relative gaps of the violated limits (``Judgement.distance``)."""
+    total = sum(max(gap, 0.0) for gap in constraint_gaps(metrics, constraints).values())
+    return total if math.isfinite(total) else 1e9
 
 
 def _p99_key(c: Candidate) -> float:

@@ -168,3 +168,74 @@ def test_a_confirmed_candidate_wins_a_tie() -> None:
     plain, confirmed = cand(1, 0.9, 5.0), cand(2, 0.9, 5.0)
     confirmed.confirmation = {"rounds": 20, "discarded_rounds": 0, "confirmed_at": "2026-12-02T00:00:00"}
     assert select_best([plain, confirmed], Constraints(p99_ms=7), study="s").trial == 2
+
+
+def _brute_force(points: list[tuple[float, ...]], maximize: list[bool]) -> list[int]:
+    """The definition, pair by pair (O(n²)): the reference the sort-based sweep must agree with."""
+    signs = [1.0 if m else -1.0 for m in maximize]
+    scored = [[s * v for s, v in zip(signs, p, strict=True)] for p in points]
+    return [
+        i
+        for i, a in enumerate(scored)
+        if not any(
+            all(bj >= aj for aj, bj in zip(a, b, strict=True)) and any(bj > aj for aj, bj in zip(a, b, strict=True))
+            for j, b in enumerate(scored)
+            if j != i
+        )
+    ]
+
+
+@pytest.mark.parametrize("objectives", [1, 2, 3, 4])
+def test_the_sweep_agrees_with_the_definition(objectives: int) -> None:
+    import random
+
+    rng = random.Random(objectives)
+    for _ in range(60):
+        n = rng.randint(1, 60)
+        # few distinct values: many ties and exact duplicates; now and then an unbounded P99 (+inf)
+        points = [
+            tuple(rng.choice([0.0, 1.0, 2.0, 3.0, math.inf if k == 1 else 4.0]) for k in range(objectives))
+            for _ in range(n)
+        ]
+        maximize = [rng.random() < 0.5 for _ in range(objectives)]
+        assert non_dominated(points, maximize) == _brute_force(points, maximize), (points, maximize)
+
+
+def test_vectorized_distance_and_objectives_agree_with_the_per_trial_rules() -> None:
+    import random
+
+    import numpy as np
+
+    from pareto.frontier import distance, distance_names, distances, objective_columns
+
+    rng = random.Random(7)
+    rows = [
+        {
+            "accuracy": rng.uniform(0.5, 1.0),
+            "latency_p99_ms": rng.uniform(1, 20),
+            "latency_p99_upper_ms": None if rng.random() < 0.1 else rng.uniform(1, 30),
+            "samples": rng.choice([100, 662, 1000]),
+            "memory_bytes": None if rng.random() < 0.2 else rng.randint(10, 1000),
+            "params_bytes": rng.randint(10, 1000),
+            "throughput_per_s": rng.uniform(10, 1000),
+        }
+        for _ in range(300)
+    ]
+
+    def stored(row: dict[str, float | None], name: str) -> float:
+        """What the database hands back: memory falls back to the parameters, a missing value is NaN."""
+        value = row[name] if name != "memory_bytes" or row[name] is not None else row["params_bytes"]
+        return math.nan if value is None else float(value)
+
+    for constraints in (
+        Constraints(p99_ms=7.0),
+        Constraints(p99_ms=7.0, min_accuracy=0.9, max_memory_bytes=500, min_throughput_per_s=400),
+        Constraints(min_accuracy=0.8),
+    ):
+        columns = {name: np.array([stored(r, name) for r in rows]) for name in distance_names(constraints)}
+        assert distances(columns, constraints).tolist() == pytest.approx([distance(r, constraints) for r in rows])
+    objectives = [("accuracy", True), ("latency_p99_upper_ms", False), ("memory_bytes", False)]
+    columns = {metric: np.array([stored(r, metric) for r in rows]) for metric, _ in objectives}
+    got = objective_columns(columns, objectives)
+    for i, r in enumerate(rows):
+        assert got[i].tolist() == [objective_value(r, metric) for metric, _ in objectives]

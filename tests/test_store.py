@@ -80,6 +80,8 @@ def test_every_migration_upward_keeps_data(db_url: str) -> None:
         assert m.latency_p99_ms == 2.0 and m.trial.description == "baseline @ batch 1"
         # 0003: a two-sided 95 % interval's ends are one-sided 97.5 % bounds; the row is a search measurement
         assert m.confidence == pytest.approx(0.975) and m.kind == "search" and m.rounds is None
+        # 0006: the row knows its study, and it is the one the queries use
+        assert m.study_id == 1 and m.preferred is True
         session.add(
             Measurement(
                 **{c.name: getattr(m, c.name) for c in Measurement.__table__.columns if c.name not in {"id", "kind"}},
@@ -87,7 +89,8 @@ def test_every_migration_upward_keeps_data(db_url: str) -> None:
             )
         )  # several per trial now
     with session_scope(engine) as session:
-        assert len(session.scalars(select(Measurement)).all()) == 2
+        rows = session.scalars(select(Measurement).order_by(Measurement.id)).all()
+        assert [(r.kind, r.preferred) for r in rows] == [("search", False), ("confirm", True)]  # a confirmation wins
 
 
 def test_the_models_match_the_migrations(db_url: str) -> None:

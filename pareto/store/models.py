@@ -5,8 +5,25 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any, ClassVar
 
-from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    event,
+    exists,
+    select,
+    update,
+)
+from sqlalchemy.engine import Connection
+from sqlalchemy.orm import DeclarativeBase, Mapped, Mapper, mapped_column, relationship
 
 from pareto.metrics import column_specs
 
@@ -61,7 +78,10 @@ class Trial(Base):
     """
 
     __tablename__ = "pareto_trials"
-    __table_args__ = (UniqueConstraint("study_id", "optuna_number", name="uq_trial_study_optuna_number"),)
+    __table_args__ = (
+        UniqueConstraint("study_id", "optuna_number", name="uq_trial_study_optuna_number"),
+        Index("ix_pareto_trials_study_baseline", "study_id", "is_baseline"),
+    )
 
     id: Mapped[int] = mapped_column(primary_key=True)
     study_id: Mapped[int] = mapped_column(ForeignKey("pareto_studies.id", ondelete="CASCADE"), index=True)
@@ -135,9 +155,31 @@ class Measurement(_MetricColumns, Base):
     ``kind``: "search" (the trial itself), "baseline" (the uncompressed model timed again at the start
     of a run), "confirm" (re-measured in interleaved rounds with the baseline) or "remeasure"
     (``pareto measure --trial``).
+
+    ``study_id`` (the trial's) and ``preferred`` are kept for the queries (revision 0006), set on
+    insert by ``_index_for_queries``: ``preferred`` marks the one measurement per completed trial and
+    environment that ``best`` and ``frontier`` use — the latest confirmation, else the first search
+    measurement — so that they filter and sort in the database through one index instead of loading
+    every row.
     """
 
     __tablename__ = "pareto_measurements"
+    __table_args__ = (
+        # best: walk the preferred rows of one study and environment, most accurate first;
+        # frontier: read the default objectives from the index alone
+        Index(
+            "ix_pareto_measurements_choice",
+            "study_id",
+            "environment_id",
+            "preferred",
+            "accuracy",
+            "latency_p99_upper_ms",
+            "samples",
+            "trial_id",
+        ),
+        # the environments of a study and the latest one, newest row first
+        Index("ix_pareto_measurements_study_env", "study_id", "environment_id", "created_at"),
+    )
 
     id: Mapped[int] = mapped_column(primary_key=True)
     trial_id: Mapped[int] = mapped_column(ForeignKey("pareto_trials.id", ondelete="CASCADE"), index=True)
@@ -145,10 +187,29 @@ class Measurement(_MetricColumns, Base):
     run_id: Mapped[int | None] = mapped_column(ForeignKey("pareto_runs.id", ondelete="SET NULL"), index=True)
     kind: Mapped[str] = mapped_column(String(16), default="search")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    study_id: Mapped[int | None] = mapped_column(ForeignKey("pareto_studies.id", ondelete="CASCADE"))
+    preferred: Mapped[bool] = mapped_column(Boolean, default=False)
 
     trial: Mapped[Trial] = relationship(back_populates="measurements")
     environment: Mapped[Environment] = relationship()
     run: Mapped[Run | None] = relationship()
+
+
+@event.listens_for(Measurement, "before_insert")
+def _index_for_queries(_mapper: Mapper[Any], connection: Connection, target: Measurement) -> None:
+    """Fill ``study_id`` and ``preferred`` of a new measurement (and demote the row a confirmation replaces)."""
+    trial = connection.execute(select(Trial.study_id, Trial.state).where(Trial.id == target.trial_id)).one_or_none()
+    target.study_id = trial.study_id if trial is not None else None
+    same = (Measurement.trial_id == target.trial_id) & (Measurement.environment_id == target.environment_id)
+    if trial is None or trial.state != "COMPLETE":  # measured, then failed: never used (a trial is stored
+        target.preferred = False  # COMPLETE before its measurement, and leaves RUNNING only once)
+    elif target.kind == "confirm":
+        connection.execute(update(Measurement).where(same, Measurement.preferred.is_(True)).values(preferred=False))
+        target.preferred = True
+    elif target.kind == "search":
+        target.preferred = not connection.scalar(select(exists().where(same, Measurement.preferred.is_(True))))
+    else:
+        target.preferred = False
 
 
 class HardwareCalibration(Base):

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import delete, func, select
-from sqlalchemy.orm import Session, joinedload
+from sqlalchemy.orm import Session, contains_eager, joinedload
 
-from pareto.errors import UsageError
-from pareto.frontier import DEFAULT_OBJECTIVE_NAMES, Candidate
+from pareto.errors import NotFound, UsageError
+from pareto.frontier import DEFAULT_OBJECTIVE_NAMES, Candidate, Constraints
 from pareto.metrics import Metrics
 from pareto.store.models import Environment, HardwareCalibration, Measurement, NightlyRun, Run, Study, Trial
 
@@ -26,7 +27,7 @@ def get_study(session: Session, name: str) -> Study:
     if study is None:
         known = session.scalars(select(Study.name).order_by(Study.name)).all()
         listed = f"known studies: {', '.join(known)}" if known else "the database holds no study yet"
-        raise UsageError(f"No study named {name!r}; {listed}.")
+        raise NotFound(f"No study named {name!r}; {listed}.")
     return study
 
 
@@ -81,22 +82,29 @@ def environment_dict(env: Environment) -> dict[str, Any]:
 
 
 def study_environments(session: Session, study: Study) -> list[dict[str, Any]]:
-    """The environments a study was measured in, most recent first, each with its measurement count."""
-    rows = session.execute(
-        select(Environment, func.count(Measurement.id), func.max(Measurement.created_at))
-        .join(Measurement, Measurement.environment_id == Environment.id)
-        .join(Trial, Measurement.trial_id == Trial.id)
-        .where(Trial.study_id == study.id)
-        .group_by(Environment.id)
-        .order_by(func.max(Measurement.created_at).desc(), Environment.id.desc())
-    ).all()
-    return [
-        {**environment_dict(env), "measurements": n, "last_measured_at": last.isoformat() if last else None}
-        for env, n, last in rows
-    ]
+    """The environments a study was measured in, most recent first (by their latest measurement).
+
+    One index lookup per known environment (``ix_pareto_measurements_study_env``), not a scan of the
+    study's measurements: there are few environments and many measurements. (Ordered by time, not
+    id: PostgreSQL would walk the primary key backwards for ``ORDER BY id DESC LIMIT 1``.)
+    """
+    latest: list[tuple[datetime, int, Environment]] = []
+    for env in session.scalars(select(Environment)).all():
+        when = session.scalar(
+            select(Measurement.created_at)
+            .where(Measurement.study_id == study.id, Measurement.environment_id == env.id)
+            .order_by(Measurement.created_at.desc())
+            .limit(1)
+        )
+        if when is not None:
+            latest.append((when, env.id, env))
+    latest.sort(key=lambda item: (item[0], item[1]), reverse=True)
+    return [{**environment_dict(env), "last_measured_at": when.isoformat()} for when, _, env in latest]
 
 
-def choose_environment(session: Session, study: Study, choice: str | None) -> Environment | None:
+def choose_environment(
+    session: Session, study: Study, choice: str | None, known: list[dict[str, Any]] | None = None
+) -> Environment | None:
     """The environment a query compares measurements in: ``latest`` (the default: where the study was
     last measured), an environment key (or a unique prefix of one), or ``all`` (None: every one).
 
@@ -106,7 +114,7 @@ def choose_environment(session: Session, study: Study, choice: str | None) -> En
     choice = (choice or "latest").strip()
     if choice == "all":
         return None
-    known = study_environments(session, study)
+    known = study_environments(session, study) if known is None else known
     if not known:
         return None
     matches = [known[0]] if choice == "latest" else [e for e in known if e["key"].startswith(choice)]
@@ -117,40 +125,52 @@ def choose_environment(session: Session, study: Study, choice: str | None) -> En
     return session.scalars(select(Environment).where(Environment.key == matches[0]["key"])).one()
 
 
-def candidates(session: Session, study: Study, environment: Environment | None = None) -> list[Candidate]:
+def _preferred(study: Study, environment: Environment | None) -> list[Any]:
+    """The conditions of the measurements queries use: one per completed trial and environment."""
+    conditions = [
+        Measurement.study_id == study.id,
+        Measurement.preferred.is_(True),
+        Trial.id == Measurement.trial_id,
+        Trial.state == "COMPLETE",
+    ]
+    if environment is not None:
+        conditions.append(Measurement.environment_id == environment.id)
+    return conditions
+
+
+def candidates(
+    session: Session, study: Study, environment: Environment | None = None, *, measurement_ids: list[int] | None = None
+) -> list[Candidate]:
     """The completed trials of ``study`` measured in ``environment`` (None: in every one), each once
-    per environment with its preferred measurement and speedups.
+    per environment with its preferred measurement and speedups, in trial order.
 
     A trial's metrics come from its latest confirmation in that environment, else from its search
-    measurement. Speedups divide by the baseline (the uncompressed model at the same batch size)
-    timed in the same run; a measurement whose run timed none (stored before runs existed) uses the
-    latest baseline of its environment, and ``speedup_basis`` says which.
+    measurement (the ``preferred`` row). Speedups divide by the baseline (the uncompressed model at
+    the same batch size) timed in the same run; a measurement whose run timed none (stored before
+    runs existed) uses the latest baseline of its environment, and ``speedup_basis`` says which.
+    ``measurement_ids`` limits the result to those preferred measurements.
     """
     query = (
         select(Measurement)
-        .join(Trial)
-        .where(Trial.study_id == study.id, Trial.state == "COMPLETE")
-        .options(joinedload(Measurement.trial), joinedload(Measurement.environment))
-        .order_by(Trial.optuna_number, Measurement.id)
+        .join(Trial, Trial.id == Measurement.trial_id)
+        .where(*_preferred(study, environment))
+        .options(contains_eager(Measurement.trial), joinedload(Measurement.environment))
+        .order_by(Trial.optuna_number, Measurement.environment_id, Measurement.id)
     )
-    if environment is not None:
-        query = query.where(Measurement.environment_id == environment.id)
-    rows = session.scalars(query).all()
+    if measurement_ids is not None:
+        rows: list[Measurement] = []
+        for start in range(0, len(measurement_ids), 10_000):
+            chunk = measurement_ids[start : start + 10_000]
+            rows.extend(session.scalars(query.where(Measurement.id.in_(chunk))).unique().all())
+        rows.sort(key=lambda m: (m.trial.optuna_number, m.environment_id, m.id))
+    else:
+        rows = list(session.scalars(query).unique().all())
     chosen: dict[tuple[int, int], Measurement] = {}
-    by_run: dict[tuple[int | None, int], Measurement] = {}
-    latest_base: dict[tuple[int, int], Measurement] = {}
-    for m in rows:
-        if m.trial.is_baseline:
-            by_run.setdefault((m.run_id, m.batch_size), m)
-            previous = latest_base.get((m.environment_id, m.batch_size))
-            if previous is None or m.id > previous.id:
-                latest_base[(m.environment_id, m.batch_size)] = m
-        key = (m.trial_id, m.environment_id)
-        # rows come in id order: the search measurement first, then each confirmation replaces it
-        if m.kind == "confirm" or (m.kind == "search" and key not in chosen):
-            chosen[key] = m
+    for m in rows:  # two confirmations stored at once could both be marked: the later one wins
+        chosen[(m.trial_id, m.environment_id)] = m
+    by_run, latest_base = _baselines(session, study, environment)
     result = []
-    for m in sorted(chosen.values(), key=lambda r: (r.trial.optuna_number, r.environment_id)):
+    for m in chosen.values():
         base = by_run.get((m.run_id, m.batch_size)) if m.run_id is not None else None
         basis = "same run" if base is not None else None
         if base is None:
@@ -158,6 +178,116 @@ def candidates(session: Session, study: Study, environment: Environment | None =
             basis = "another run" if base is not None else None
         result.append(_candidate(study.name, m, base, basis))
     return result
+
+
+def _baselines(
+    session: Session, study: Study, environment: Environment | None
+) -> tuple[dict[tuple[int | None, int], Measurement], dict[tuple[int, int], Measurement]]:
+    """The baseline measurements speedups divide by: the first of each run, and the latest of each
+    environment, per batch size."""
+    query = (
+        select(Measurement)
+        .join(Trial, Trial.id == Measurement.trial_id)
+        .where(Trial.study_id == study.id, Trial.is_baseline.is_(True), Trial.state == "COMPLETE")
+        .order_by(Measurement.id)
+    )
+    if environment is not None:
+        query = query.where(Measurement.environment_id == environment.id)
+    by_run: dict[tuple[int | None, int], Measurement] = {}
+    latest: dict[tuple[int, int], Measurement] = {}
+    for m in session.scalars(query).all():
+        by_run.setdefault((m.run_id, m.batch_size), m)
+        latest[(m.environment_id, m.batch_size)] = m  # id order: the last one is the latest
+    return by_run, latest
+
+
+def best_candidate(
+    session: Session, study: Study, environment: Environment, constraints: Constraints
+) -> Candidate | None:
+    """The pick ``pareto.frontier.select_best`` would make among ``candidates(...)``, found by the
+    database: the feasible preferred measurements filtered and ordered in SQL, one row read.
+
+    None when nothing is feasible (then ``closest_candidate`` says what is nearest).
+    """
+    p99_upper = Measurement.latency_p99_upper_ms
+    query = (
+        select(Measurement.id)
+        .join(Trial, Trial.id == Measurement.trial_id)
+        .where(*_preferred(study, environment), *_feasible(constraints))
+        .order_by(
+            Measurement.accuracy.desc(),
+            p99_upper.is_(None),
+            p99_upper,
+            Measurement.kind != "confirm",
+            Trial.optuna_number,
+        )
+        .limit(1)
+    )
+    found = session.scalar(query)
+    if found is None:
+        return None
+    return candidates(session, study, environment, measurement_ids=[found])[0]
+
+
+def _feasible(constraints: Constraints) -> list[Any]:
+    """``pareto.frontier.evaluate``'s feasibility as SQL conditions (conservative bounds, fewest samples)."""
+    conditions: list[Any] = []
+    if constraints.p99_ms is not None:
+        conditions += [
+            Measurement.latency_p99_upper_ms.is_not(None),
+            Measurement.latency_p99_upper_ms <= constraints.p99_ms,
+            Measurement.samples >= constraints.min_samples,
+        ]
+    if constraints.min_accuracy is not None:
+        conditions.append(Measurement.accuracy >= constraints.min_accuracy)
+    if constraints.max_memory_bytes is not None:
+        conditions.append(
+            func.coalesce(Measurement.memory_bytes, Measurement.params_bytes) <= constraints.max_memory_bytes
+        )
+    if constraints.min_throughput_per_s is not None:
+        conditions.append(Measurement.throughput_per_s >= constraints.min_throughput_per_s)
+    return conditions
+
+
+#: The stored columns the frontier and the distance to the SLOs read, by metric name; memory falls
+#: back to the parameters for rows stored before the activation and KV terms existed.
+_LIGHT_COLUMNS: dict[str, Any] = {
+    "accuracy": Measurement.accuracy,
+    "latency_p99_upper_ms": Measurement.latency_p99_upper_ms,
+    "latency_p50_ms": Measurement.latency_p50_ms,
+    "samples": Measurement.samples,
+    "memory_bytes": func.coalesce(Measurement.memory_bytes, Measurement.params_bytes),
+    "throughput_per_s": Measurement.throughput_per_s,
+    "bytes_moved": Measurement.bytes_moved,
+    "flops": Measurement.flops,
+}
+
+
+def light_columns(
+    session: Session, study: Study, environment: Environment, names: list[str]
+) -> tuple[list[int], dict[str, Any]]:
+    """The measurement ids of the preferred measurements in one environment and, for each metric
+    named, a float array of its values (NaN where not stored): what the frontier and the distance to
+    the SLOs read, without loading rows. The default ones (accuracy, P99 bound, samples) come from
+    the index ``ix_pareto_measurements_choice`` alone.
+    """
+    import numpy as np
+
+    names = list(dict.fromkeys(names))
+    query = select(Measurement.id, Measurement.trial_id, *(_LIGHT_COLUMNS[n] for n in names)).where(
+        Measurement.study_id == study.id,
+        Measurement.environment_id == environment.id,
+        Measurement.preferred.is_(True),
+    )
+    rows = [tuple(row) for row in session.execute(query)]  # numpy probes a Row for array interfaces, slowly
+    table = np.array(rows, dtype=float).reshape(len(rows), 2 + len(names))
+    trial_ids = table[:, 1]
+    if len(np.unique(trial_ids)) < len(rows):  # two confirmations stored at once: the later one counts
+        order = np.lexsort((table[:, 0], trial_ids))
+        last = np.ones(len(order), dtype=bool)
+        last[:-1] = trial_ids[order][1:] != trial_ids[order][:-1]
+        table = table[order[last]]
+    return [int(i) for i in table[:, 0]], {name: table[:, 2 + k] for k, name in enumerate(names)}
 
 
 def trial_measurements(session: Session, study: Study, number: int) -> tuple[int, list[Candidate]]:
@@ -172,13 +302,16 @@ def trial_measurements(session: Session, study: Study, number: int) -> tuple[int
     if trial is None:
         last = session.scalar(select(func.max(Trial.optuna_number)).where(Trial.study_id == study.id))
         known = f"its trials are 0 to {last}" if last is not None else "it has no trials yet"
-        raise UsageError(f"Study {study.name!r} has no trial {number}; {known}.")
+        raise NotFound(f"Study {study.name!r} has no trial {number}; {known}.")
     if trial.state != "COMPLETE":
         why = f" ({trial.error})" if trial.error else ""
         raise UsageError(
             f"Trial {number} of study {study.name!r} is {trial.state}{why}; there is no measurement to compare with."
         )
-    found = [c for c in candidates(session, study) if c.trial == number]
+    ids = session.scalars(
+        select(Measurement.id).where(Measurement.trial_id == trial.id, Measurement.preferred.is_(True))
+    ).all()
+    found = candidates(session, study, measurement_ids=list(ids))
     order = {e["key"]: i for i, e in enumerate(study_environments(session, study))}
     return trial.id, sorted(found, key=lambda c: order.get(c.environment["key"], len(order)))
 
@@ -205,6 +338,7 @@ def _candidate(study: str, m: Measurement, base: Measurement | None, basis: str 
         metrics=metrics,
         environment=environment_dict(m.environment),
         confirmation=confirmation,
+        measurement_id=m.id,
     )
 
 
@@ -241,9 +375,7 @@ def study_summaries(session: Session) -> list[dict[str, Any]]:
     }
     result = []
     for s in studies:
-        n_env = session.scalar(
-            select(func.count(func.distinct(Measurement.environment_id))).join(Trial).where(Trial.study_id == s.id)
-        )
+        n_env = len(study_environments(session, s))
         result.append(
             {
                 "study": s.name,
