@@ -675,9 +675,9 @@ def db_upgrade(db: str | None) -> None:
 
 # commands that live in their own modules under pareto/_cli/, each defining ``command``
 def _add_module_commands() -> None:
-    from pareto._cli import explain
+    from pareto._cli import explain, report
 
-    for module in (explain,):
+    for module in (explain, report):
         cli.add_command(module.command)
 
 
