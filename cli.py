@@ -675,9 +675,9 @@ def db_upgrade(db: str | None) -> None:
 
 # commands that live in their own modules under pareto/_cli/, each defining ``command``
 def _add_module_commands() -> None:
-    from pareto._cli import explain, export, report
+    from pareto._cli import explain, export, report, serve
 
-    for module in (explain, export, report):
+    for module in (explain, export, report, serve):
         cli.add_command(module.command)
 
 

@@ -1,0 +1,316 @@
+"""The read-only HTTP API of ``pareto serve``: the query side (studies, frontier, best) over HTTP.
+
+Every answer is the JSON the matching ``--json`` command prints, byte for byte: the same
+``pareto.api`` call, written with ``json.dumps(indent=2, default=str)`` and a final newline. The
+app only reads (it calls the query functions, which open the database with ``create=False`` and
+never write) and answers GET only: any other method on a known path is 405.
+
+Errors carry ``{"detail": reason}``, the sentence the CLI prints: 404 for an unknown study and for
+an SLO that nothing stored meets, 422 for a malformed value, 503 when the database does not
+answer. With a token, every endpoint but ``/healthz`` (and the OpenAPI schema and its pages, which
+hold no data) needs ``Authorization: Bearer <token>``.
+
+Imports FastAPI (``pip install 'pareto-slo[serve]'``); never torch.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy import text
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
+
+import pareto
+from pareto import api
+from pareto.errors import NoFeasibleConfiguration, NotFound, ParetoError, StoreError, UsageError
+from pareto.store.engine import check_path, open_engine, require_schema, resolve_url
+
+DESCRIPTION = """\
+Read-only queries over a pareto database: the studies, a study's Pareto frontier, and the best
+stored configuration for an SLO. Each answer is the JSON of the matching command
+(`pareto studies --json`, `pareto frontier --json`, `pareto best --json`).
+
+Latency figures are the stored measurements: each `metrics` object says its `method`, its
+`samples` and the one-sided `confidence` of its bounds; SLO verdicts use the conservative P99 upper
+bound (`latency_p99_upper_ms`).
+"""
+
+
+class JSONText(Response):
+    """JSON written exactly as the CLI's ``--json`` writes it (indent 2, ``default=str``, newline)."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return render(content)
+
+
+def render(content: Any) -> bytes:
+    """The bytes ``print_json`` writes for ``content``."""
+    return (json.dumps(content, indent=2, default=str) + "\n").encode("utf-8")
+
+
+def status_of(exc: ParetoError) -> int:
+    """The HTTP status of a pareto error: what the caller can fix is 4xx, the database down is 503."""
+    if isinstance(exc, StoreError):  # before UsageError: a missing database file is both
+        return 503
+    if isinstance(exc, (NotFound, NoFeasibleConfiguration)):
+        return 404
+    if isinstance(exc, UsageError):
+        return 422
+    return 500
+
+
+class _Health:
+    """Whether the database answers: its SQLite file is there, a query runs, pareto's tables exist.
+
+    One engine is kept between checks (a health check every few seconds should not open a pool each
+    time); it is made again after a failure to open it.
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._engine: Engine | None = None
+        self._lock = threading.Lock()
+
+    def problem(self) -> str | None:
+        """None when the database answers, else the reason it does not (one sentence)."""
+        try:
+            check_path(self.url, create=False)  # sqlite would create a missing file on connect
+            engine = self._get()
+            with engine.connect() as connection:
+                connection.execute(text("SELECT 1"))
+            require_schema(engine)
+        except StoreError as exc:
+            return str(exc)
+        except SQLAlchemyError as exc:
+            return f"The database does not answer: {_first_line(exc)}."
+        return None
+
+    def _get(self) -> Engine:
+        with self._lock:
+            if self._engine is None:
+                self._engine = open_engine(self.url, create=False)
+            return self._engine
+
+
+class _Answers:
+    """The answers to repeated queries, kept while the database holds the same rows.
+
+    Before each ``best`` or ``frontier`` answer, one statement reads the database's version: the
+    highest measurement and environment ids, the number of studies and their latest update time.
+    Every change that can alter such an answer moves one of them — a measurement or confirmation
+    stored (the row a confirmation replaces is demoted in the same transaction), a study created,
+    continued with a new SLO, or deleted — so a kept answer is returned only while it is still the
+    answer, and a query that costs a database scan runs once per change, not once per request.
+    """
+
+    VERSION = text(
+        "SELECT (SELECT MAX(id) FROM pareto_measurements), (SELECT MAX(id) FROM pareto_environments), "
+        "(SELECT COUNT(*) FROM pareto_studies), (SELECT MAX(updated_at) FROM pareto_studies)"
+    )
+
+    def __init__(self, url: str, size: int = 512) -> None:
+        self.url, self.size = url, size
+        self._kept: OrderedDict[tuple[Any, ...], tuple[Any, int, bytes]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    async def answer(self, key: tuple[Any, ...], compute: Callable[[], Any]) -> Response:
+        """``compute()``'s JSON (or its pareto error, as the handler would write it), kept by ``key``.
+
+        A kept answer is returned on the event loop (one indexed statement); ``compute`` runs in the
+        thread pool, so that a slow query never holds the other requests up.
+        """
+        version = self._version()
+        with self._lock:
+            kept = self._kept.get(key)
+            if kept is not None and kept[0] == version:
+                self._kept.move_to_end(key)
+                return Response(kept[2], status_code=kept[1], media_type="application/json")
+        status, rendered = await run_in_threadpool(self._compute, compute)
+        with self._lock:
+            self._kept[key] = (version, status, rendered)
+            while len(self._kept) > self.size:
+                self._kept.popitem(last=False)
+        return Response(rendered, status_code=status, media_type="application/json")
+
+    def _version(self) -> tuple[Any, ...]:
+        with api._read_engine(self.url).connect() as connection:
+            return tuple(connection.execute(self.VERSION).one())
+
+    @staticmethod
+    def _compute(compute: Callable[[], Any]) -> tuple[int, bytes]:
+        try:
+            return 200, render(compute())
+        except ParetoError as exc:
+            return status_of(exc), render({"detail": str(exc)})
+
+
+SloP99 = Annotated[
+    float | None,
+    Query(gt=0, allow_inf_nan=False, description="P99 bound in milliseconds [default: the study's SLO]."),
+]
+MinAccuracy = Annotated[
+    float | None, Query(allow_inf_nan=False, description="Accuracy floor (the task's metric) [default: the study's].")
+]
+MaxMemory = Annotated[
+    int | None,
+    Query(gt=0, description="Memory budget in bytes: params + activations + KV cache [default: the study's]."),
+]
+EnvironmentKey = Annotated[
+    str | None,
+    Query(
+        description="`latest` (default: where the study was last measured), an environment key or a unique prefix "
+        "of one; the frontier also takes `all`."
+    ),
+]
+StudyName = Annotated[str, Path(description="The study's name.")]
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    404: {"description": "No such study, or no stored configuration meets the SLO; `detail` says which."},
+    422: {"description": "A malformed or out-of-range value; `detail` says which."},
+    503: {"description": "The database does not answer; `detail` says why."},
+}
+
+
+def create_app(db_url: str, token: str | None = None) -> FastAPI:
+    """The FastAPI app answering queries on ``db_url``; with ``token``, the data endpoints need it.
+
+    ``db_url`` is resolved as ``--db`` is (a bare path means SQLite). Nothing is opened here: each
+    request reads through ``pareto.api``, and ``pareto serve`` checks the database before it starts.
+    """
+    if token is not None and not token.strip():
+        raise UsageError("An empty token would let every request through; give a token or none.")
+    url = resolve_url(db_url)
+    app = FastAPI(
+        title="pareto",
+        version=pareto.__version__,
+        description=DESCRIPTION,
+        default_response_class=JSONText,
+    )
+    health = _Health(url)
+    answers = _Answers(url)
+
+    async def pareto_error(_request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ParetoError)
+        return JSONText({"detail": str(exc)}, status_code=status_of(exc))
+
+    async def database_error(_request: Request, exc: Exception) -> Response:
+        return JSONText({"detail": f"The database did not answer: {_first_line(exc)}."}, status_code=503)
+
+    app.add_exception_handler(ParetoError, pareto_error)
+    app.add_exception_handler(OperationalError, database_error)  # a database that went away while serving
+
+    @app.get(
+        "/healthz",
+        summary="Whether the database answers",
+        response_model=None,
+        responses={503: {"description": "The database does not answer; `detail` says why."}},
+        tags=["health"],
+    )
+    def healthz() -> Response:
+        """200 `{"status": "ok"}` when the database answers and holds pareto's tables, else 503 with
+        the reason. Needs no token."""
+        problem = health.problem()
+        if problem is not None:
+            return JSONText({"status": "unavailable", "detail": problem}, status_code=503)
+        return JSONText({"status": "ok", "version": pareto.__version__})
+
+    responses = dict(_ERRORS)
+    if token is not None:
+        responses[401] = {"description": "No bearer token, or not the server's."}
+    router = APIRouter(dependencies=[Depends(_bearer(token))] if token is not None else [], responses=responses)
+
+    @router.get("/studies", summary="The studies in the database", response_model=None, tags=["queries"])
+    def studies() -> Response:
+        """Every study with its task, trial counts by state, SLO, objectives, environments and last
+        nightly: the JSON of `pareto studies --json`."""
+        return JSONText(api.studies(db=url))
+
+    @router.get("/studies/{name}/frontier", summary="A study's Pareto frontier", response_model=None, tags=["queries"])
+    async def frontier(
+        name: StudyName,
+        slo_p99_ms: SloP99 = None,
+        min_accuracy: MinAccuracy = None,
+        max_memory_bytes: MaxMemory = None,
+        environment: EnvironmentKey = None,
+    ) -> Response:
+        """The non-dominated configurations on the study's objectives, fastest first, each judged
+        against the SLO: the JSON of `pareto frontier --json`."""
+        return await answers.answer(
+            ("frontier", name, slo_p99_ms, min_accuracy, max_memory_bytes, environment),
+            lambda: api.frontier(
+                study=name,
+                slo_p99=slo_p99_ms,
+                min_accuracy=min_accuracy,
+                max_memory=max_memory_bytes,
+                environment=environment,
+                db=url,
+            ),
+        )
+
+    @router.get(
+        "/studies/{name}/best",
+        summary="The best stored configuration for an SLO",
+        response_model=None,
+        tags=["queries"],
+    )
+    async def best(
+        name: StudyName,
+        slo_p99_ms: SloP99 = None,
+        min_accuracy: MinAccuracy = None,
+        max_memory_bytes: MaxMemory = None,
+        environment: EnvironmentKey = None,
+    ) -> Response:
+        """The configuration with the highest accuracy whose conservative bounds meet every limit
+        (confirmed measurements first): the JSON of `pareto best --json`. 404 with the closest
+        configuration named when nothing stored meets the SLO."""
+        return await answers.answer(
+            ("best", name, slo_p99_ms, min_accuracy, max_memory_bytes, environment),
+            lambda: api.best(
+                study=name,
+                slo_p99=slo_p99_ms,
+                min_accuracy=min_accuracy,
+                max_memory=max_memory_bytes,
+                environment=environment,
+                db=url,
+            ),
+        )
+
+    app.include_router(router)
+    return app
+
+
+#: The bearer scheme of ``--token-file`` (module level: the dependency's annotation must resolve here).
+_BEARER = HTTPBearer(auto_error=False, description="The token in the file given to `pareto serve --token-file`.")
+
+
+def _bearer(token: str) -> Callable[..., None]:
+    """A dependency that lets a request through only with ``Authorization: Bearer <token>``."""
+    expected = token.encode("utf-8")
+
+    def require(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]) -> None:
+        given = credentials.credentials.encode("utf-8") if credentials is not None else b""
+        if not hmac.compare_digest(given, expected):
+            raise HTTPException(
+                status_code=401,
+                detail="Send the server's token as 'Authorization: Bearer <token>'.",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+
+    return require
+
+
+def _first_line(exc: BaseException) -> str:
+    orig = getattr(exc, "orig", None) or exc
+    return (str(orig).strip().splitlines() or [type(orig).__name__])[0].rstrip(".")
