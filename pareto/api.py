@@ -39,7 +39,7 @@ from pareto.slo import (
     MIN_SAMPLES_P99,
 )
 from pareto.store import queries
-from pareto.store.engine import open_engine, require_schema, resolve_url, session_scope
+from pareto.store.engine import check_path, open_engine, require_schema, resolve_url, session_scope
 from pareto.store.models import Environment, Study
 from pareto.units import parse_duration_ms, parse_size_bytes
 
@@ -229,6 +229,7 @@ _ENGINE_CACHE = 8
 def _read_engine(db: str | None) -> Engine:
     """An engine on an existing pareto database (never creates one), reused across calls."""
     url = resolve_url(db)
+    check_path(url, create=False)  # one stat: a SQLite file moved away is an error, never a new empty file
     with _ENGINES_LOCK:
         engine = _ENGINES.get(url)
         if engine is not None:

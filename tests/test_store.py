@@ -246,3 +246,17 @@ def test_a_percent_sign_in_the_url_reaches_alembic_unchanged() -> None:
     url = "postgresql+psycopg://u:p%40ss@127.0.0.1:1/x"
     config = alembic_config(create_engine(url))
     assert config.get_main_option("sqlalchemy.url") == url
+
+
+def test_queries_refuse_a_schema_at_another_revision(db_url: str) -> None:
+    """A database an older pareto wrote is not read with columns it lacks: one sentence says how to migrate."""
+    from pareto.store.engine import HEAD_REVISION
+
+    engine = open_engine(db_url)
+    revisions = _revisions(engine)
+    assert revisions[-1] == HEAD_REVISION  # the code's revision is the migrations' head
+    upgrade(engine, revisions[-2])
+    with pytest.raises(StoreError, match=f"at schema revision {revisions[-2]} and this pareto reads {HEAD_REVISION}"):
+        require_schema(engine)
+    upgrade(engine)
+    require_schema(engine)

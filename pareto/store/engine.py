@@ -20,6 +20,8 @@ DEFAULT_URL = "sqlite:///pareto.db"
 #: Our own Alembic history lives beside Optuna's (which uses ``alembic_version``) without colliding.
 VERSION_TABLE = "pareto_alembic_version"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+#: The revision this code reads and writes: the head of ``migrations/versions`` (a test keeps them equal).
+HEAD_REVISION = "0006"
 
 
 def resolve_url(db: str | None = None) -> str:
@@ -135,13 +137,19 @@ def current_revision(engine: Engine) -> str | None:
 
 
 def require_schema(engine: Engine) -> None:
-    """Queries read an existing schema and never create one.
+    """Queries read an existing schema and never create or migrate one.
 
     Raises:
-        StoreError: the database has no pareto tables yet.
+        StoreError: the database has no pareto tables yet, or they are at another revision.
     """
     if not inspect(engine).has_table("pareto_studies"):
         raise StoreError(f"Database {_safe(str(engine.url))} has no pareto studies yet; run 'pareto search' first.")
+    revision = current_revision(engine)
+    if revision != HEAD_REVISION:
+        raise StoreError(
+            f"Database {_safe(str(engine.url))} is at schema revision {revision or 'none'} and this pareto reads "
+            f"{HEAD_REVISION}; migrate it with 'pareto db upgrade --db URL' (any 'pareto search' does it too)."
+        )
 
 
 @contextmanager
