@@ -6,7 +6,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import delete, func, select
-from sqlalchemy.orm import Session, contains_eager, joinedload
+from sqlalchemy.orm import Session
 
 from pareto.errors import NotFound, UsageError
 from pareto.frontier import DEFAULT_OBJECTIVE_NAMES, Candidate, Constraints
@@ -150,25 +150,29 @@ def candidates(
     runs existed) uses the latest baseline of its environment, and ``speedup_basis`` says which.
     ``measurement_ids`` limits the result to those preferred measurements.
     """
+    # plain rows, not ORM objects: a study of 100 000 trials loads in seconds, not half a minute
     query = (
-        select(Measurement)
+        select(*Measurement.__table__.columns, Trial.optuna_number, Trial.config, Trial.description)
         .join(Trial, Trial.id == Measurement.trial_id)
         .where(*_preferred(study, environment))
-        .options(contains_eager(Measurement.trial), joinedload(Measurement.environment))
         .order_by(Trial.optuna_number, Measurement.environment_id, Measurement.id)
     )
     if measurement_ids is not None:
-        rows: list[Measurement] = []
+        rows: list[Any] = []
         for start in range(0, len(measurement_ids), 10_000):
             chunk = measurement_ids[start : start + 10_000]
-            rows.extend(session.scalars(query.where(Measurement.id.in_(chunk))).unique().all())
-        rows.sort(key=lambda m: (m.trial.optuna_number, m.environment_id, m.id))
+            rows.extend(session.execute(query.where(Measurement.id.in_(chunk))).all())
+        rows.sort(key=lambda m: (m.optuna_number, m.environment_id, m.id))
     else:
-        rows = list(session.scalars(query).unique().all())
-    chosen: dict[tuple[int, int], Measurement] = {}
+        rows = list(session.execute(query).all())
+    chosen: dict[tuple[int, int], Any] = {}
     for m in rows:  # two confirmations stored at once could both be marked: the later one wins
         chosen[(m.trial_id, m.environment_id)] = m
     by_run, latest_base = _baselines(session, study, environment)
+    environments = {
+        env.id: environment_dict(env)
+        for env in session.scalars(select(Environment).where(Environment.id.in_({m.environment_id for m in rows})))
+    }
     result = []
     for m in chosen.values():
         base = by_run.get((m.run_id, m.batch_size)) if m.run_id is not None else None
@@ -176,7 +180,7 @@ def candidates(
         if base is None:
             base = latest_base.get((m.environment_id, m.batch_size))
             basis = "another run" if base is not None else None
-        result.append(_candidate(study.name, m, base, basis))
+        result.append(_candidate(study.name, m, base, basis, environments[m.environment_id]))
     return result
 
 
@@ -316,7 +320,9 @@ def trial_measurements(session: Session, study: Study, number: int) -> tuple[int
     return trial.id, sorted(found, key=lambda c: order.get(c.environment["key"], len(order)))
 
 
-def _candidate(study: str, m: Measurement, base: Measurement | None, basis: str | None) -> Candidate:
+def _candidate(study: str, m: Any, base: Measurement | None, basis: str | None, env: dict[str, Any]) -> Candidate:
+    """A candidate from a row of ``candidates``' query: the measurement's columns and its trial's number,
+    configuration and description."""
     metrics = Metrics.from_row(m).to_dict()
     metrics["speedup_p50"] = base.latency_p50_ms / m.latency_p50_ms if base else None
     metrics["speedup_p99"] = base.latency_p99_ms / m.latency_p99_ms if base else None
@@ -332,11 +338,11 @@ def _candidate(study: str, m: Measurement, base: Measurement | None, basis: str 
         }
     return Candidate(
         study=study,
-        trial=m.trial.optuna_number,
-        config=m.trial.config,
-        description=m.trial.description,
+        trial=m.optuna_number,
+        config=m.config,
+        description=m.description,
         metrics=metrics,
-        environment=environment_dict(m.environment),
+        environment=dict(env),
         confirmation=confirmation,
         measurement_id=m.id,
     )
