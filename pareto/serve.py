@@ -19,11 +19,12 @@ import hmac
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import text
@@ -58,6 +59,18 @@ class JSONText(Response):
 def render(content: Any) -> bytes:
     """The bytes ``print_json`` writes for ``content``."""
     return (json.dumps(content, indent=2, default=str) + "\n").encode("utf-8")
+
+
+def describe_invalid(errors: Sequence[Any]) -> str:
+    """FastAPI's list of validation errors as one sentence: which value, what is wrong, what was given."""
+    parts = []
+    for error in errors:
+        where = ".".join(str(part) for part in error.get("loc", ()) if part not in {"query", "path"}) or "the request"
+        message = str(error.get("msg", "is invalid"))
+        message = message[:1].lower() + message[1:]
+        given = f" (got {error['input']!r})" if "input" in error and error["input"] is not None else ""
+        parts.append(f"{where}: {message}{given}")
+    return f"Bad value: {'; '.join(parts)}."
 
 
 def status_of(exc: ParetoError) -> int:
@@ -208,7 +221,12 @@ def create_app(db_url: str, token: str | None = None) -> FastAPI:
     async def database_error(_request: Request, exc: Exception) -> Response:
         return JSONText({"detail": f"The database did not answer: {_first_line(exc)}."}, status_code=503)
 
+    async def bad_value(_request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestValidationError)
+        return JSONText({"detail": describe_invalid(exc.errors())}, status_code=422)
+
     app.add_exception_handler(ParetoError, pareto_error)
+    app.add_exception_handler(RequestValidationError, bad_value)  # one sentence, as every other error
     app.add_exception_handler(OperationalError, database_error)  # a database that went away while serving
 
     @app.get(

@@ -242,7 +242,8 @@ def test_bad_values_are_422(served: tuple[str, str, Path], query: dict[str, str]
     _, base, _ = served
     response = httpx.get(f"{base}/studies/{STUDY}/best", params=query)
     assert response.status_code == 422, response.text
-    assert phrase in str(response.json()["detail"])
+    detail = response.json()["detail"]
+    assert isinstance(detail, str) and detail.endswith(".") and phrase in detail  # one sentence, as the CLI
 
 
 def test_frontier_takes_every_environment(served: tuple[str, str, Path]) -> None:
