@@ -260,3 +260,23 @@ def test_queries_refuse_a_schema_at_another_revision(db_url: str) -> None:
         require_schema(engine)
     upgrade(engine)
     require_schema(engine)
+
+
+def test_a_server_database_connection_gives_up_after_a_timeout_unless_the_url_sets_one(tmp_path: Path) -> None:
+    """A PostgreSQL server that accepts and never answers must not hang a worker or a health check."""
+    import socket
+    import time
+
+    from pareto.store.engine import CONNECT_TIMEOUT_S, engine_kwargs
+
+    assert engine_kwargs("postgresql+psycopg://u@h/db")["connect_args"] == {"connect_timeout": CONNECT_TIMEOUT_S}
+    assert "connect_args" not in engine_kwargs("postgresql+psycopg://u@h/db?connect_timeout=3")  # the URL's own
+    pytest.importorskip("psycopg")
+    with socket.socket() as silent:  # listens, never speaks: connecting waits for the server's first message
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(1)
+        port = silent.getsockname()[1]
+        started = time.monotonic()
+        with pytest.raises(StoreError, match="Cannot open database"):
+            open_engine(f"postgresql+psycopg://u@127.0.0.1:{port}/db?connect_timeout=1")
+        assert time.monotonic() - started < 30

@@ -20,6 +20,7 @@ DEFAULT_URL = "sqlite:///pareto.db"
 #: Our own Alembic history lives beside Optuna's (which uses ``alembic_version``) without colliding.
 VERSION_TABLE = "pareto_alembic_version"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+CONNECT_TIMEOUT_S = 10
 #: The revision this code reads and writes: the head of ``migrations/versions`` (a test keeps them equal).
 HEAD_REVISION = "0006"
 
@@ -40,10 +41,18 @@ def resolve_url(db: str | None = None) -> str:
 
 
 def engine_kwargs(url: str) -> dict[str, Any]:
-    """Keyword arguments for ``create_engine`` shared with Optuna's RDB storage."""
-    if make_url(url).get_backend_name() == "sqlite":
+    """Keyword arguments for ``create_engine`` shared with Optuna's RDB storage.
+
+    A server that accepts the connection and never answers would hang a worker or ``pareto serve``'s
+    health check: connecting gives up after ``CONNECT_TIMEOUT_S`` unless the URL sets its own
+    ``connect_timeout``.
+    """
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
         return {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}}
-    return {"pool_pre_ping": True}
+    if "connect_timeout" in parsed.query:
+        return {"pool_pre_ping": True}
+    return {"pool_pre_ping": True, "connect_args": {"connect_timeout": CONNECT_TIMEOUT_S}}
 
 
 def open_engine(url: str, *, create: bool = True) -> Engine:
