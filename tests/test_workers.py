@@ -75,7 +75,8 @@ def test_local_workers_share_one_study(db_url: str, tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "database is locked" not in proc.stderr + proc.stdout
-    assert f"{workers} workers on study 'w'" in proc.stderr and "[worker 1] trial" in proc.stderr
+    # the whole stderr on failure (the comparison's own repr is truncated): a worker's traceback is in it
+    assert f"{workers} workers on study 'w'" in proc.stderr and "[worker 1] trial" in proc.stderr, proc.stderr
     frozen, rows = _check_study(db_url, "w")
     assert len(frozen) == n_trials and len(rows) == n_trials
     # queued once, not per worker: measured once; a sampler proposing it again gets a DUPLICATE
