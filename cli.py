@@ -490,6 +490,14 @@ def history(study: str | None, db: str | None, as_json: bool) -> None:
     show_default=True,
     help="With --slo-p99: keep timing until the verdict is decided, up to this long.",
 )
+@click.option(
+    "--contention-limit",
+    type=click.FloatRange(min=1, min_open=True),
+    default=1.5,
+    show_default=True,
+    help="Discard a round when the probe is this many times slower than quiet.",
+)
+@click.option("--no-guard", is_flag=True, help="Time without the contention probe between rounds.")
 @db_option
 @json_option
 def measure(
@@ -508,6 +516,8 @@ def measure(
     confidence: float,
     sweep: bool,
     adaptive_budget: str,
+    contention_limit: float,
+    no_guard: bool,
     db: str | None,
     as_json: bool,
 ) -> None:
@@ -533,6 +543,7 @@ def measure(
         confidence=confidence,
         sweep=sweep,
         adaptive_budget=adaptive_budget,
+        contention_limit=None if no_guard else contention_limit,
         db=db,
     )
     notes = card.pop("notes")
