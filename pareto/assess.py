@@ -37,6 +37,27 @@ class Assessment:
     suspect_profile: str | None = None
 
 
+class Rejected(Exception):
+    """A configuration rejected early: its first round of latency put the P99 over the SLO."""
+
+    def __init__(self, latency: LatencyResult, compress_s: float, compile_s: float | None) -> None:
+        super().__init__(latency.stop_reason or "rejected early")
+        self.latency, self.compress_s, self.compile_s = latency, compress_s, compile_s
+
+    def early_latency(self, slo_ms: float) -> dict[str, Any]:
+        """What the first round measured, for the trial's row."""
+        s = self.latency.summary
+        return {
+            "slo_ms": slo_ms,
+            "latency_p50_ms": s.p50_ms,
+            "latency_p99_ms": s.p99_ms,
+            "latency_p99_lower_ms": _finite_or_none(s.p99_lower_ms),
+            "samples": s.samples,
+            "confidence": s.confidence,
+            "method": self.latency.method,
+        }
+
+
 def check_input_fits(task: Task) -> None:
     """Fail before any search when the task's example_input does not fit its own model.
 
@@ -133,26 +154,30 @@ def assess(
     profile: HardwareProfile | None = None,
     baseline_theoretical_bytes: int,
     probe: ContentionProbe | None = None,
+    reject_above_ms: float | None = None,
 ) -> Assessment:
     """Apply ``config`` to a copy of the task's model and measure accuracy, latency, memory and compute.
 
     Latency is timed first, in rounds with the contention probe between them (it decides the SLO
-    verdict), then ``complete`` measures the rest.
+    verdict), then ``complete`` measures the rest. With ``reject_above_ms``, a configuration whose
+    first round puts the P99 over it with confidence is not measured further.
 
     Raises:
         TechniqueError: the configuration broke the model (the reason is kept for the trial).
         MachineBusy: the contention guard discarded too many rounds; nothing else was measured.
+        Rejected: rejected early (``reject_above_ms``); nothing else was measured.
     """
     from pareto.measure.latency import measure_latency
 
     model, compress_s, compile_s = build(task, config, device)
     t1 = time.perf_counter()
+    plan = dataclasses.replace(round_plan(measure, slo_ms), reject_above_ms=reject_above_ms)
     try:
         latency = measure_latency(
             model,
             task.example_input(config.batch_size),
             device=device,
-            plan=round_plan(measure, slo_ms),
+            plan=plan,
             threads=threads,
             probe=probe,
         )
@@ -161,6 +186,8 @@ def assess(
     except Exception as exc:  # a compressed model that cannot run fails its trial, reason kept
         raise TechniqueError(f"{config.describe()} could not be measured: {type(exc).__name__}: {exc}") from exc
     latency_s = time.perf_counter() - t1
+    if latency.rejected:
+        raise Rejected(latency, compress_s, compile_s)
     result = complete(
         task,
         config,

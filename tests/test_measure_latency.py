@@ -53,6 +53,19 @@ def test_samples_round_up_to_whole_rounds() -> None:
     assert result.summary.samples == 680 and result.summary.rounds == 20  # 20 rounds of ceil(662 / 20) = 34
 
 
+def test_early_rejection_stops_after_the_first_round_only_when_the_p99_is_surely_over() -> None:
+    model, x = _mlp(8), torch.randn(1, 8)
+    over = measure_latency(model, x, device="cpu", samples=662, rounds=20, warmup=1, threads=1, reject_above_ms=1e-6)
+    assert over.rejected and over.summary.rounds == 1 and over.summary.samples == 34
+    assert over.stop_reason.startswith("rejected early: after the first round (34 calls)")
+    assert over.summary.p99_lower_ms > 1e-6  # the bound that decided it, kept in the summary
+    under = measure_latency(model, x, device="cpu", samples=662, rounds=20, warmup=1, threads=1, reject_above_ms=1e3)
+    assert not under.rejected and under.summary.rounds == 20
+    # without a limit nothing is rejected
+    plain = measure_latency(model, x, device="cpu", samples=68, rounds=2, warmup=1, threads=1)
+    assert not plain.rejected and plain.summary.rounds == 2
+
+
 def test_tuple_inputs_are_unpacked() -> None:
     inputs = (torch.randn(8, 8), torch.randn(8, 8))
     result = measure_latency(_Pair(), inputs, device="cpu", samples=20, threads=1)

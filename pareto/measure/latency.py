@@ -68,6 +68,9 @@ class RoundPlan:
         max_rounds: Adaptive only: most rounds per model; None means ``10 × rounds``.
         max_discards: Rounds discarded for contention before a model is given up as "machine busy";
             None means as many as ``rounds``.
+        reject_above_ms: Early rejection: after the first round kept, a model whose P99 lower bound
+            (order statistics of that round, at ``confidence``) is over this many ms stops there
+            (``LatencyResult.rejected``). None: every round is timed.
     """
 
     samples: int = MIN_SAMPLES_P99
@@ -78,6 +81,7 @@ class RoundPlan:
     budget_s: float | None = None
     max_rounds: int | None = None
     max_discards: int | None = None
+    reject_above_ms: float | None = None
 
     def __post_init__(self) -> None:
         if 1 <= self.samples < self.rounds:  # fewer calls than rounds: one call per round
@@ -123,8 +127,10 @@ class LatencyResult:
     probe_ratio_max: float | None = None
     load_average: float | None = None
     busy: bool = False
-    #: Why adaptive sampling or the guard stopped; None when neither did.
+    #: Why adaptive sampling, early rejection or the guard stopped; None when none did.
     stop_reason: str | None = None
+    #: Stopped after the first round: the P99 is over ``RoundPlan.reject_above_ms`` with confidence.
+    rejected: bool = False
 
 
 @dataclass
@@ -136,6 +142,7 @@ class _State:
     ratios: list[float] = field(default_factory=list)
     busy: bool = False
     done: bool = False
+    rejected: bool = False
     stop_reason: str | None = None
 
 
@@ -315,6 +322,8 @@ def _run_looks(
                         )
                 else:
                     state.kept.append(block)
+                    if plan.reject_above_ms is not None and len(state.kept) == 1:
+                        _reject_early(state, plan.reject_above_ms, plan.confidence)
         if plan.slo_ms is None:
             return
         _judge(states, plan.slo_ms, confidence, final=index == len(looks) - 1)
@@ -326,6 +335,23 @@ def _run_looks(
                         f"time budget {plan.budget_s:g} s spent, P99 verdict uncertain at SLO {plan.slo_ms:g} ms"
                     )
             return
+
+
+def _reject_early(state: _State, limit_ms: float, confidence: float) -> None:
+    """Stop ``state`` when its first round alone puts the P99 over ``limit_ms`` with ``confidence``.
+
+    The lower bound is an order statistic of that round (with 34 calls at 99 %: the third largest);
+    the round was kept, so the contention probe around it was quiet. A P99 within the limit is
+    rejected with probability at most ``1 - confidence``.
+    """
+    first_ms = state.kept[0] / 1e6
+    lower = percentile_bounds([first_ms], 0.99, confidence).lower
+    if lower > limit_ms:
+        state.done = state.rejected = True
+        state.stop_reason = (
+            f"rejected early: after the first round ({first_ms.size} calls) the P99 is at least "
+            f"{lower:.3g} ms ({confidence:.3g} one-sided), over the SLO {limit_ms:g} ms"
+        )
 
 
 def _judge(states: list[_State], slo_ms: float, confidence: float, *, final: bool) -> None:
@@ -385,6 +411,7 @@ def _result(
         load_average=load,
         busy=state.busy,
         stop_reason=state.stop_reason,
+        rejected=state.rejected,
     )
 
 

@@ -74,7 +74,8 @@ class Trial(Base):
 
     ``state``: RUNNING; COMPLETE (measured); DUPLICATE (answered from an earlier trial's measurement);
     FAILED (``error`` says why); BUSY (the contention guard gave up: no verdict, measured again when
-    proposed again).
+    proposed again); PRUNED (rejected early: its first round of latency put the P99 over the SLO with
+    confidence, so the rest was not measured; ``early_latency`` holds that round, ``error`` the reason).
     """
 
     __tablename__ = "pareto_trials"
@@ -99,6 +100,8 @@ class Trial(Base):
     compile_s: Mapped[float | None] = mapped_column(Float)  # torch.compile's first call, never latency
     latency_s: Mapped[float | None] = mapped_column(Float)
     accuracy_s: Mapped[float | None] = mapped_column(Float)
+    #: a trial rejected early: its first round's latency (ms) and the SLO it was judged against
+    early_latency: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 

@@ -387,6 +387,7 @@ def study_summaries(session: Session) -> list[dict[str, Any]]:
                 "study": s.name,
                 "task": s.task,
                 "complete": counts.get((s.id, "COMPLETE"), 0),
+                "rejected": counts.get((s.id, "PRUNED"), 0),
                 "failed": counts.get((s.id, "FAILED"), 0),
                 "duplicate": counts.get((s.id, "DUPLICATE"), 0),
                 "running": counts.get((s.id, "RUNNING"), 0),
