@@ -5,7 +5,7 @@ Pure Python, so that the query side can name configurations without importing to
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 
 def describe_technique(name: str, params: dict[str, Any]) -> str:
@@ -23,3 +23,12 @@ def describe_config(config: dict[str, Any], *, with_batch: bool = True) -> str:
 
 def _fmt(value: Any) -> str:
     return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+#: The samplers ``pareto search --sampler`` takes (``pareto.samplers`` builds them).
+SamplerName = Literal["tpe", "gp", "nsga2", "random", "qmc", "grid"]
+SAMPLER_HELP = (
+    "Optuna sampler: tpe (default), gp (Gaussian process), nsga2, random, qmc (scrambled Sobol), grid (every "
+    "combination of the space's steps; a range without a step in 5 points). tpe, gp and nsga2 take the SLOs "
+    "as constraints; random, qmc and grid do not look at results, constraints included."
+)

@@ -21,6 +21,7 @@ from pydantic import (
 
 from pareto.errors import UsageError
 from pareto.frontier import DEFAULT_OBJECTIVE_NAMES
+from pareto.naming import SamplerName
 from pareto.regression import DEFAULT_P_VALUE as DEFAULT_REGRESSION_P_VALUE
 from pareto.regression import DEFAULT_THRESHOLD as DEFAULT_REGRESSION_THRESHOLD
 from pareto.slo import DEFAULT_CONFIDENCE, DEFAULT_CONTENTION_LIMIT, DEFAULT_ROUNDS, MIN_CONFIDENCE, MIN_SAMPLES_P99
@@ -142,7 +143,13 @@ class Search(_Strict):
     n_trials: int = Field(default=30, ge=1)
     timeout: DurationMs | None = None
     seed: int | None = 0
-    sampler: Literal["tpe", "nsga2", "random"] = "tpe"
+    #: the Optuna sampler (see ``pareto.samplers``); stored with the study's spec
+    sampler: SamplerName = "tpe"
+    #: the grid sampler: points of a range without a step (both ends included)
+    grid_points: int = Field(default=5, ge=2, le=100)
+    #: stop timing a configuration after its first round when its P99 lower bound is already over
+    #: the SLO: stored as pruned with its latency, its accuracy never evaluated (never the baseline)
+    early_reject: bool = True
     #: after the trials, re-measure this many of the best feasible and near-feasible frontier
     #: configurations in interleaved rounds with the baseline (0: no confirmation)
     confirm_top: int = Field(default=3, ge=0)

@@ -1,0 +1,87 @@
+"""The samplers, the grid of a space, and the two parametrizations, without measuring."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+
+from pareto.samplers import SAMPLERS, grid, make_sampler, range_points, space_size, suggest
+from pareto.spec import Range
+
+SPACE = {
+    "int8_dynamic": {},
+    "prune_structured": {"ratio": Range(low=0.2, high=0.9)},
+    "lowrank": {"rank_ratio": [0.1, 0.25]},
+}
+
+
+def test_range_points_keep_the_ends_exactly() -> None:
+    assert range_points(Range(low=0.2, high=0.9), 4) == pytest.approx([0.2, 0.4333333, 0.6666667, 0.9])
+    ends = range_points(Range(low=0.2, high=0.9), 7)
+    assert ends[0] == 0.2 and ends[-1] == 0.9  # never a rounding step past a bound
+    assert range_points(Range(low=0.1, high=0.5, step=0.1)) == [0.1, 0.2, 0.3, 0.4, 0.5]
+    log = range_points(Range(low=0.01, high=1.0, log=True), 3)
+    assert log[0] == 0.01 and log[-1] == 1.0 and log[1] == pytest.approx(0.1)
+
+
+def test_the_grid_holds_every_distinct_configuration_once() -> None:
+    points = grid([64, 256], SPACE, 4)
+    # per batch size: int8 on/off x (off + 4 ratios) x (off + 2 ranks)
+    assert len(points) == 2 * 2 * 5 * 3
+    keys = {tuple(sorted(p.items())) for p in points}
+    assert len(keys) == len(points)
+    assert {"batch_size": 64, "int8_dynamic": False, "prune_structured": False, "lowrank": False} in points
+    # a technique that is off has no parameters (the conditional form)
+    assert all("prune_structured.ratio" not in p for p in points if not p["prune_structured"])
+
+
+def test_space_size_is_unbounded_without_steps() -> None:
+    assert space_size([256], SPACE) is None
+    stepped = {**SPACE, "prune_structured": {"ratio": Range(low=0.2, high=0.8, step=0.2)}}
+    assert space_size([256], stepped) == 2 * 5 * 3
+
+
+def _toy(trial: optuna.Trial, flat: bool) -> tuple[float, float]:
+    config = suggest(trial, [256], SPACE, flat=flat)
+    ratio = next((t.params()["ratio"] for t in config.techniques if t.name == "prune_structured"), 0.0)
+    latency = 10 * (1 - ratio) * (0.6 if "int8_dynamic" in config.describe() else 1.0)
+    accuracy = 1 - ratio**2
+    trial.set_constraint("p99_ms", (latency - 7) / 7)
+    return accuracy, latency
+
+
+@pytest.mark.parametrize("name", SAMPLERS)
+def test_every_sampler_runs_a_constrained_two_objective_study(name: str) -> None:
+    from pareto.samplers import FLAT
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    study = optuna.create_study(
+        directions=["maximize", "minimize"],
+        sampler=make_sampler(name, seed=0, batch_sizes=[256], techniques=SPACE, grid_points=3),
+    )
+    study.optimize(lambda t: _toy(t, name in FLAT), n_trials=14)
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(done) == 14
+    assert all("p99_ms" in t.constraints for t in done)
+    if name in FLAT:  # every parameter in every trial, on or off
+        assert all("prune_structured.ratio" in t.params for t in done)
+    if name == "grid":  # no configuration twice
+        keys = [tuple(sorted(t.params.items())) for t in done]
+        assert len(set(keys)) == len(keys)
+
+
+def test_the_grid_sampler_stops_when_every_point_is_taken() -> None:
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    small = {"int8_dynamic": {}, "lowrank": {"rank_ratio": [0.1, 0.25]}}
+    study = optuna.create_study(
+        directions=["maximize", "minimize"], sampler=make_sampler("grid", seed=3, batch_sizes=[8], techniques=small)
+    )
+    study.optimize(lambda t: (1.0, float(len(suggest(t, [8], small).techniques))), n_trials=20)
+    keys = [tuple(sorted(t.params.items())) for t in study.trials]
+    assert len(study.trials) == 7  # the 6 points, then one repeat while the study stops
+    assert len(set(keys)) == 6
+
+
+def test_an_unknown_sampler_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown sampler 'cmaes'"):
+        make_sampler("cmaes", seed=0)
