@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, get_args
 
 import click
 from rich.markup import escape
@@ -23,6 +23,7 @@ from pareto._cli.options import (
     study_option,
 )
 from pareto.errors import ParetoError, UsageError
+from pareto.naming import SAMPLER_HELP, SamplerName
 from pareto.units import format_ms
 
 
@@ -50,7 +51,13 @@ def cli() -> None:
 @click.option("--n-trials", type=click.IntRange(min=1), help="Trials to run now [default 30].")
 @click.option("--timeout", type=DURATION, help="Stop starting trials after this long, e.g. 10min.")
 @click.option("--seed", type=int, help="Sampler seed [default 0].")
-@click.option("--sampler", type=click.Choice(["tpe", "nsga2", "random"]), help="Optuna sampler [default tpe].")
+@click.option("--sampler", type=click.Choice(get_args(SamplerName)), help=SAMPLER_HELP)
+@click.option(
+    "--early-reject/--no-early-reject",
+    default=None,
+    help="Stop timing a configuration after its first round when its P99 is over the SLO with confidence "
+    "(stored as pruned, accuracy not evaluated) [default on].",
+)
 @click.option("--device", help="auto, cpu, cuda or cuda:N [default auto].")
 @click.option("--threads", type=click.IntRange(min=1), help="Intra-op threads while timing [default torch's].")
 @click.option("--samples", type=click.IntRange(min=1), help="Fewest timed calls per trial [default 662].")
@@ -132,6 +139,7 @@ _SPEC_FLAGS = {
     "search.timeout": "timeout",
     "search.seed": "seed",
     "search.sampler": "sampler",
+    "search.early_reject": "early_reject",
     "search.confirm_top": "confirm_top",
     "measure.device": "device",
     "measure.threads": "threads",
@@ -154,6 +162,10 @@ def _search_json(result: Any) -> dict[str, Any]:
         "best": result.best.to_dict() if result.best else None,
         "no_best_reason": result.no_best_reason,
         "busy_trials": result.busy,
+        "sampler": result.sampler,
+        "repeats": result.repeats,
+        "rejected_early": result.rejected,
+        "exhausted": result.exhausted,
         "stopped_busy": result.stopped_busy,
         "confirmation": result.confirmation.to_dict() if result.confirmation else None,
     }
@@ -166,6 +178,16 @@ def _print_search(result: Any) -> None:
         err.print(
             f"Interrupted: {count(result.measured, 'trial')} measured in this run, all stored. "
             "Run the same command to continue the study."
+        )
+    if result.repeats or result.rejected:
+        new = result.trials_run - result.repeats - result.busy
+        failed = new - result.measured - result.rejected
+        err.print(
+            f"{count(new, 'new configuration')} tried with the {result.sampler} sampler: {result.measured} measured, "
+            + (f"{failed} failed, " if failed else "")
+            + f"{result.rejected} rejected early (P99 over the SLO after the first round: stored as pruned, "
+            f"accuracy not evaluated); {count(result.repeats, 'repeat')} of configurations measured already, "
+            "answered from the database and not counted."
         )
     if result.busy:
         err.print(

@@ -342,7 +342,7 @@ class _Job:
         result = run_search(self.spec.model_copy(update={"search": search}), db_url=self.db_url, reporter=self.reporter)
         if result.interrupted:
             raise KeyboardInterrupt
-        return result.trials_run, result.stopped_busy
+        return result.trials_run - result.repeats - result.busy, result.stopped_busy  # new configurations
 
     def _write_summary(self) -> tuple[Path, Path]:
         folder = Path(self.settings.summary_dir)

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import optuna
 from optuna.trial import TrialState
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -34,8 +34,8 @@ from pareto._runs import (
     store_measurement,
     stored_metrics,
 )
-from pareto.assess import assess, build, check_input_fits, remeasured, round_plan
-from pareto.compress import Config, Technique, get_technique
+from pareto.assess import Rejected, assess, build, check_input_fits, remeasured, round_plan
+from pareto.compress import Config, get_technique
 from pareto.confirmation import ConfirmResult, confirm_pick, load_candidates
 from pareto.errors import MachineBusy, NoFeasibleConfiguration, TechniqueError, UsageError
 from pareto.frontier import (
@@ -50,6 +50,8 @@ from pareto.frontier import (
     select_best,
 )
 from pareto.metrics import Metrics
+from pareto.samplers import FLAT, make_sampler, space_size, suggest
+from pareto.samplers import grid as grid_of
 from pareto.spec import Range, SearchSpec
 from pareto.store import queries
 from pareto.store.engine import check_path, engine_kwargs, open_engine, session_scope, upgrade
@@ -63,6 +65,9 @@ BUSY_WAIT_S = 120.0
 #: Another worker measuring the same configuration is waited for this long at most, polled this often.
 TWIN_WAIT_S = 1800.0
 TWIN_POLL_S = 1.0
+#: A sampler that proposes this many configurations in a row that were measured already has nothing
+#: new left to propose: the search stops.
+REPEATS_IN_A_ROW = 50
 
 
 class Reporter(Protocol):
@@ -94,7 +99,7 @@ class Quiet:
 @dataclass
 class TrialOutcome:
     number: int
-    state: str  # COMPLETE, FAILED, DUPLICATE, BUSY
+    state: str  # COMPLETE, FAILED, DUPLICATE (a repeat, not counted), PRUNED (rejected early), BUSY
     description: str
     metrics: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
@@ -113,6 +118,11 @@ class SearchResult:
     confirmation: ConfirmResult | None = None
     busy: int = 0  # trials the contention guard gave up on
     stopped_busy: bool = False  # the machine stayed busy: the search stopped before its trials ran
+    repeats: int = 0  # proposals of a configuration measured already: answered from the database, not counted
+    rejected: int = 0  # rejected early: the first round of latency missed the SLO with confidence
+    sampler: str = "tpe"
+    #: why the search stopped before --n-trials new configurations (nothing new left), or None
+    exhausted: str | None = None
 
 
 @dataclass
@@ -142,18 +152,22 @@ def run_search(spec: SearchSpec, *, db_url: str, reporter: Reporter | None = Non
     _fail_stale_trials(study)  # a dead worker's trial: failed and queued again before this run starts
     run = start_run(setup.bench, kind="search", study_id=setup.study_id)
     _time_baselines(setup, run, study, reporter)
-    outcomes, interrupted, stopped_busy = _optimize(setup, run, study, reporter)
-    finish_run(setup.bench, run, trials=len(outcomes), interrupted=interrupted, stopped_busy=stopped_busy)
-    confirmation = None if interrupted or stopped_busy else confirm_search(setup, run, reporter)
+    loop = _optimize(setup, run, study, reporter)
+    outcomes = loop.outcomes
+    finish_run(setup.bench, run, trials=len(outcomes), interrupted=loop.interrupted, stopped_busy=loop.stopped_busy)
+    confirmation = None if loop.interrupted or loop.stopped_busy else confirm_search(setup, run, reporter)
     result = search_result(
         setup,
         trials_run=len(outcomes),
         measured=sum(o.state == "COMPLETE" for o in outcomes),
         busy=sum(o.state == "BUSY" for o in outcomes),
-        interrupted=interrupted,
+        interrupted=loop.interrupted,
         confirmation=confirmation,
     )
-    result.stopped_busy = stopped_busy
+    result.stopped_busy = loop.stopped_busy
+    result.repeats = sum(o.state == "DUPLICATE" for o in outcomes)
+    result.rejected = sum(o.state == "PRUNED" for o in outcomes)
+    result.exhausted = loop.exhausted
     return result
 
 
@@ -166,8 +180,14 @@ def prepare(spec: SearchSpec, db_url: str, reporter: Reporter) -> SearchSetup:
     check_input_fits(task)
     with session_scope(bench.engine) as session:
         spec = _adopt_stored_objectives(session, spec)
+        previous = _stored_sampler(session, spec.study_name)
         study_row = get_or_create_study(session, spec)
         study_id, stored = study_row.id, len(study_row.trials)
+    if previous is not None and previous != spec.search.sampler:
+        reporter.notice(
+            f"Study {spec.study_name!r} was searched with the {previous} sampler; this run continues it with "
+            f"{spec.search.sampler}, which sees every earlier trial."
+        )
     if bench.profile_note:
         reporter.notice(bench.profile_note)
     from pareto.measure.memory import theoretical_bytes
@@ -196,13 +216,23 @@ def constraints_of(spec: SearchSpec) -> Constraints:
 
 def optuna_study(setup: SearchSetup, db_url: str) -> optuna.Study:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    return optuna.create_study(
+    search = setup.spec.search
+    sampler = make_sampler(
+        search.sampler,
+        seed=search.seed,
+        batch_sizes=setup.batch_sizes,
+        techniques=setup.techniques,
+        grid_points=search.grid_points,
+    )
+    study = optuna.create_study(
         study_name=setup.spec.study_name,
         storage=optuna_storage(db_url, setup.bench.engine, setup.study_id),
         directions=_directions(setup.spec),
-        sampler=_sampler(setup.spec),
+        sampler=sampler,
         load_if_exists=True,
     )
+    study.set_user_attr("pareto_sampler", search.sampler)  # shown by optuna-dashboard beside the trials
+    return study
 
 
 def _directions(spec: SearchSpec) -> list[optuna.study.StudyDirection]:
@@ -358,38 +388,74 @@ def _retime_baseline(setup: SearchSetup, run: RunHandle, trial_id: int, batch_si
     )
 
 
-def _optimize(
-    setup: SearchSetup, run: RunHandle, study: optuna.Study, reporter: Reporter
-) -> tuple[list[TrialOutcome], bool, bool]:
-    """Optuna's loop; returns the outcomes of this run's trials, whether Ctrl-C stopped it, and
-    whether it stopped because the machine stayed busy."""
+@dataclass
+class _Loop:
+    """How ``_optimize`` ended."""
+
+    outcomes: list[TrialOutcome]
+    interrupted: bool = False
+    stopped_busy: bool = False
+    exhausted: str | None = None
+
+
+def _optimize(setup: SearchSetup, run: RunHandle, study: optuna.Study, reporter: Reporter) -> _Loop:
+    """Optuna's loop, until ``--n-trials`` new configurations were tried (measured, rejected early or
+    failed: a repeat of one measured already is answered from the database, and a trial the contention
+    guard gave up on measured nothing; neither counts), the timeout, Ctrl-C, a machine that stays
+    busy, or nothing new left to propose."""
     objective = _Objective(setup, run)
-    busy_stop = {"stopped": False}
+    loop = _Loop([])
     with session_scope(setup.bench.engine) as session:
         row = session.get(Study, setup.study_id)
         assert row is not None
         seen = queries.candidates(session, row, session.get(Environment, setup.bench.env_id))
-    finished: list[TrialOutcome] = []
+    budget = setup.spec.search.n_trials
+    size = _space_size(setup)
+    streak = {"repeats": 0, "new": 0}
 
     def on_trial(_study: optuna.Study, _trial: optuna.trial.FrozenTrial) -> None:
         outcome, objective.last = objective.last, None
         if outcome is None:
             return
-        finished.append(outcome)
+        loop.outcomes.append(outcome)
         if outcome.state == "COMPLETE":
             seen.append(
                 Candidate(setup.spec.study_name, outcome.number, {}, outcome.description, dict(outcome.metrics), {})
             )
         reporter.trial_done(outcome, _best_or_none(seen, setup.constraints, setup.spec.study_name))
         if outcome.state == "BUSY" and not _wait_for_quiet(run, reporter):
-            busy_stop["stopped"] = True
+            loop.stopped_busy = True
+            _study.stop()
+            return
+        if outcome.state == "DUPLICATE":
+            streak["repeats"] += 1
+        elif outcome.state != "BUSY":  # a busy trial measured nothing: proposed again, it is measured then
+            streak["repeats"] = 0
+            streak["new"] += 1
+        reason = None
+        if streak["new"] >= budget:
+            pass
+        elif size is not None and _tried_here(setup) >= size:
+            reason = f"all {size} configurations of the search space were tried in this environment"
+        elif streak["repeats"] >= REPEATS_IN_A_ROW:
+            reason = (
+                f"the {setup.spec.search.sampler} sampler proposed {REPEATS_IN_A_ROW} configurations in a row "
+                "that were measured already"
+            )
+        if reason is not None:
+            loop.exhausted = reason
+            reporter.notice(
+                f"Nothing new left to propose: {reason}. Stopped after {streak['new']} new configurations "
+                f"of the {budget} asked for."
+            )
+        if streak["new"] >= budget or reason is not None:
             _study.stop()
 
     timeout = setup.spec.search.timeout / 1000 if setup.spec.search.timeout else None
     reporter.start(
         study=setup.spec.study_name,
         task=setup.bench.task.name,
-        n_trials=setup.spec.search.n_trials,
+        n_trials=budget,
         timeout_s=timeout,
         stored=setup.stored,
     )
@@ -397,14 +463,37 @@ def _optimize(
         with _StopOnInterrupt(study, reporter) as stop:
             study.optimize(
                 objective,
-                n_trials=setup.spec.search.n_trials,
+                n_trials=None,  # on_trial stops the study: repeats do not count
                 timeout=timeout,
                 catch=(TechniqueError, MachineBusy),
                 callbacks=[on_trial, stop.after_trial],
             )
-        return finished, stop.requested, busy_stop["stopped"]
+        loop.interrupted = stop.requested
     except KeyboardInterrupt:
-        return finished, True, busy_stop["stopped"]
+        loop.interrupted = True
+    return loop
+
+
+def _space_size(setup: SearchSetup) -> int | None:
+    """Distinct configurations the sampler can propose; None when unbounded (a range without a step)."""
+    if setup.spec.search.sampler == "grid":
+        return len(grid_of(setup.batch_sizes, setup.techniques, setup.spec.search.grid_points))
+    return space_size(setup.batch_sizes, setup.techniques)
+
+
+def _tried_here(setup: SearchSetup) -> int:
+    """Distinct configurations of the study measured, rejected early or failed in this environment."""
+    with session_scope(setup.bench.engine) as session:
+        return int(
+            session.scalar(
+                select(func.count(func.distinct(Trial.config_key))).where(
+                    Trial.study_id == setup.study_id,
+                    Trial.environment_id == setup.bench.env_id,
+                    Trial.state.in_(("COMPLETE", "PRUNED", "FAILED")),
+                )
+            )
+            or 0
+        )
 
 
 def _wait_for_quiet(run: RunHandle, reporter: Reporter) -> bool:
@@ -477,6 +566,7 @@ def search_result(
         constraints=setup.constraints,
         confirmation=confirmation,
         busy=busy,
+        sampler=setup.spec.search.sampler,
     )
 
 
@@ -537,14 +627,25 @@ class _Objective:
         self.setup, self.run = setup, run
         self.bench = setup.bench
         self.last: TrialOutcome | None = None
+        self.flat = setup.spec.search.sampler in FLAT
 
     def __call__(self, trial: optuna.Trial) -> tuple[float, ...]:
-        config = suggest(trial, self.setup.batch_sizes, self.setup.techniques)
+        config = suggest(trial, self.setup.batch_sizes, self.setup.techniques, flat=self.flat)
         row_id, twin = self._start(trial, config)
         if twin is not None:
+            # a repeat: answered from the database and not counted. A measured one is reported to the
+            # sampler with its stored values again (a model-based sampler then knows where it stands;
+            # shown as pruned instead, a Gaussian process loses the point and keeps proposing it), one
+            # rejected early goes back as pruned, as it did the first time.
             number, metrics = twin
             trial.set_user_attr("duplicate_of", number)
-            return self._finish(trial, TrialOutcome(trial.number, "DUPLICATE", config.describe(), metrics))
+            outcome = TrialOutcome(trial.number, "DUPLICATE", config.describe(), metrics, error=f"trial {number}")
+            if metrics:
+                return self._finish(trial, outcome)
+            self.last = outcome
+            raise optuna.TrialPruned(f"same configuration as trial {number}, rejected early already")
+        slo = self.setup.spec.slo.p99_ms
+        reject = slo if self.setup.spec.search.early_reject and not config.is_baseline else None
         try:
             result = assess(
                 self.bench.task,
@@ -556,7 +657,12 @@ class _Objective:
                 profile=self.bench.profile,
                 baseline_theoretical_bytes=self.setup.baseline_theoretical_bytes,
                 probe=self.run.probe,
+                reject_above_ms=reject,
             )
+        except Rejected as exc:
+            assert slo is not None
+            self._reject(row_id, trial, config, exc, slo)
+            raise optuna.TrialPruned(str(exc)) from None
         except BaseException as exc:
             self._end(row_id, trial, config, exc)
             raise
@@ -599,14 +705,18 @@ class _Objective:
         return row_id, twin
 
     def _twin(self, trial: optuna.Trial, key: str, row_id: int) -> tuple[int, dict[str, Any]] | None:
-        """The measurement of the same configuration here: stored already, or being measured by another
-        worker that started it first (waited for, so that no configuration is measured twice)."""
+        """The measurement of the same configuration here: stored already, rejected early against an SLO
+        at least as tight as this run's, or being measured by another worker that started it first
+        (waited for, so that no configuration is measured twice)."""
         deadline = time.monotonic() + TWIN_WAIT_S
         while True:
             with session_scope(self.bench.engine) as session:
                 earlier = _measured_twin(session, self.setup.study_id, self.bench.env_id, key, row_id)
                 if earlier is not None:
                     return earlier.trial.optuna_number, Metrics.from_row(earlier).to_dict()
+                rejected = _rejected_twin(session, self.setup, key, row_id)
+                if rejected is not None:
+                    return rejected
                 running = session.scalar(
                     select(Trial.id)
                     .where(
@@ -633,6 +743,22 @@ class _Objective:
             row.state, row.error, row.finished_at = state, reason, utcnow()
         self.last = TrialOutcome(trial.number, state, config.describe(), error=reason)
 
+    def _reject(self, row_id: int, trial: optuna.Trial, config: Config, exc: Rejected, slo_ms: float) -> None:
+        """Rejected early: PRUNED in both tables, with the first round's latency; the sampler sees the
+        P99 constraint that round proves (its lower bound over the SLO), never an accuracy."""
+        early = exc.early_latency(slo_ms)
+        with session_scope(self.bench.engine) as session:
+            row = session.get(Trial, row_id)
+            assert row is not None
+            row.state, row.error, row.finished_at = "PRUNED", str(exc), utcnow()
+            row.compress_s, row.compile_s, row.latency_s = exc.compress_s, exc.compile_s, exc.latency.elapsed_s
+            row.early_latency = early
+        trial.set_user_attr("early_latency", early)
+        lower = early["latency_p99_lower_ms"]
+        if lower is not None:
+            trial.set_constraint("p99_ms", (lower - slo_ms) / slo_ms)
+        self.last = TrialOutcome(trial.number, "PRUNED", config.describe(), {}, error=str(exc))
+
     def _store(self, row_id: int, result: Any) -> None:
         with session_scope(self.bench.engine) as session:
             row = session.get(Trial, row_id)
@@ -656,24 +782,6 @@ class _Objective:
         )
 
 
-def suggest(trial: optuna.Trial, batch_sizes: list[int], techniques: dict[str, dict[str, Any]]) -> Config:
-    """Draw one configuration; a technique's parameters exist only when the technique is on."""
-    batch_size = trial.suggest_categorical("batch_size", batch_sizes)
-    chosen: list[Technique] = []
-    for name, space in techniques.items():
-        if not trial.suggest_categorical(name, [False, True]):
-            continue
-        params = {}
-        for pname, pspace in space.items():
-            label = f"{name}.{pname}"
-            if isinstance(pspace, Range):
-                params[pname] = trial.suggest_float(label, pspace.low, pspace.high, step=pspace.step, log=pspace.log)
-            else:
-                params[pname] = trial.suggest_categorical(label, pspace)
-        chosen.append(get_technique(name, params))
-    return Config(techniques=tuple(chosen), batch_size=batch_size)
-
-
 def _available_techniques(
     spec: SearchSpec, device: str, task: Task
 ) -> tuple[dict[str, dict[str, Any]], list[tuple[str, str]]]:
@@ -686,19 +794,6 @@ def _available_techniques(
         else:
             skipped.append((name, reason))
     return usable, skipped
-
-
-def _sampler(spec: SearchSpec) -> optuna.samplers.BaseSampler:
-    """Samplers read each trial's constraints (``Trial.set_constraint``) from the storage."""
-    seed = spec.search.seed
-    if spec.search.sampler == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    if spec.search.sampler == "nsga2":
-        return optuna.samplers.NSGAIISampler(seed=seed)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        # multivariate + group: technique parameters exist only when their technique is on
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=8)
 
 
 def _objective_value(metrics: dict[str, Any], metric: str) -> float:
@@ -716,6 +811,36 @@ def _adopt_stored_objectives(session: Session, spec: SearchSpec) -> SearchSpec:
     if row is None or "objectives" not in row.spec:
         return spec
     return spec.model_copy(update={"objectives": row.spec["objectives"]})
+
+
+def _stored_sampler(session: Session, study_name: str) -> str | None:
+    """The sampler the study's last run used (stored with its spec), or None for a new study."""
+    spec = session.scalar(select(Study.spec).where(Study.name == study_name))
+    return None if spec is None else str((spec.get("search") or {}).get("sampler", "tpe"))
+
+
+def _rejected_twin(
+    session: Session, setup: SearchSetup, key: str, exclude_id: int
+) -> tuple[int, dict[str, Any]] | None:
+    """A trial of the same configuration rejected early here against an SLO at least as tight as this
+    run's: a repeat. Under a looser SLO it is measured again."""
+    slo = setup.spec.slo.p99_ms
+    if slo is None:
+        return None
+    rows = session.execute(
+        select(Trial.optuna_number, Trial.early_latency).where(
+            Trial.study_id == setup.study_id,
+            Trial.config_key == key,
+            Trial.environment_id == setup.bench.env_id,
+            Trial.state == "PRUNED",
+            Trial.id != exclude_id,
+        )
+    ).all()
+    for number, early in rows:
+        lower = (early or {}).get("latency_p99_lower_ms")
+        if lower is not None and lower > slo:
+            return number, {}
+    return None
 
 
 def get_or_create_study(session: Session, spec: SearchSpec) -> Study:

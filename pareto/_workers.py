@@ -92,6 +92,9 @@ def run_workers(spec: SearchSpec, *, db_url: str, workers: int, reporter: Report
         confirmation=confirmation,
     )
     result.stopped_busy = stopped_busy
+    result.repeats = sum(r.get("repeats", 0) for r in reports)
+    result.rejected = sum(r.get("rejected_early", 0) for r in reports)
+    result.exhausted = next((r["exhausted"] for r in reports if r.get("exhausted")), None)
     failed = [r for r in reports if r["exit_code"] not in (0, 75, 130)]
     for r in failed:
         reporter.notice(f"Worker {r['worker']} ended with exit code {r['exit_code']}: {r.get('error') or 'see above'}")

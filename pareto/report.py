@@ -227,7 +227,8 @@ class ProgressReporter:
         self.total, self.timeout_s, self.started = n_trials, timeout_s, time.monotonic()
         resumed = f", continuing after {stored} stored trial{'s' if stored != 1 else ''}" if stored else ""
         self._print(
-            f"Study [bold]{study}[/] on task [bold]{task}[/]: {n_trials} trial{'s' if n_trials != 1 else ''}{resumed}."
+            f"Study [bold]{study}[/] on task [bold]{task}[/]: {n_trials} new configuration"
+            f"{'s' if n_trials != 1 else ''}{resumed} (a repeat of one measured already is not counted)."
         )
         self.task_id = self.progress.add_task(study, total=n_trials, left="")
 
@@ -235,8 +236,10 @@ class ProgressReporter:
         self._print(f"[yellow]{escape(message)}[/]")
 
     def trial_done(self, outcome: TrialOutcome, best: Candidate | None) -> None:
-        self.done += 1
         self._print(_trial_line(outcome))
+        if outcome.state in ("DUPLICATE", "BUSY"):  # a repeat, or nothing measured: not one of the --n-trials
+            return
+        self.done += 1
         if best is not None:
             bm = best.metrics
             self.best_line.plain = (
@@ -274,6 +277,11 @@ def _trial_line(outcome: TrialOutcome) -> str:
         return (
             head + f"[yellow]machine busy[/]  {escape(outcome.description)}: {escape(outcome.error or '')}; no verdict"
         )
+    if outcome.state == "PRUNED":
+        return head + f"[yellow]rejected early[/]  {escape(outcome.description)}: {escape(outcome.error or '')}"
+    if outcome.state == "DUPLICATE" and "accuracy" not in outcome.metrics:
+        note = f"repeat of {outcome.error}, rejected early there; not counted"
+        return head + f"{escape(outcome.description)}  [dim]({note})[/]"
     m = outcome.metrics
     line = (
         f"{head}{escape(outcome.description):<58}  acc {m['accuracy']:.4f}  "
@@ -281,7 +289,7 @@ def _trial_line(outcome: TrialOutcome) -> str:
         f"(≤ {format_ms(m.get('latency_p99_upper_ms'))})"
     )
     if outcome.state == "DUPLICATE":
-        return line + "  [dim](duplicate, not re-measured)[/]"
+        return line + f"  [dim](repeat of {outcome.error}, answered from the database; not counted)[/]"
     if m.get("discarded_rounds"):
         line += f"  [yellow]({m['discarded_rounds']} rounds discarded for contention)[/]"
     return line

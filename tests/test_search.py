@@ -40,10 +40,10 @@ def spec(**changes: object) -> SearchSpec:
 
 def test_search_stores_trials_and_best_answers(db_url: str) -> None:
     result = run_search(spec(), db_url=db_url)
-    assert result.trials_run == 5 and not result.interrupted
+    assert result.trials_run - result.repeats == 5 and not result.interrupted  # repeats are not counted
     engine = open_engine(db_url)
     with session_scope(engine) as session:
-        trials = session.scalars(select(Trial).order_by(Trial.optuna_number)).all()
+        trials = session.scalars(select(Trial).where(Trial.state != "DUPLICATE").order_by(Trial.optuna_number)).all()
         assert len(trials) == 5
         assert trials[0].is_baseline and trials[0].state == "COMPLETE"  # the baseline is always first
         measurements = session.scalars(select(Measurement)).all()
@@ -76,18 +76,21 @@ def test_search_stores_trials_and_best_answers(db_url: str) -> None:
 
 
 def test_second_run_continues_the_study(db_url: str) -> None:
-    run_search(spec(search={"n_trials": 3, "seed": 1}), db_url=db_url)
+    first = run_search(spec(search={"n_trials": 3, "seed": 1}), db_url=db_url)
     result = run_search(spec(search={"n_trials": 2, "seed": 1}), db_url=db_url)
-    assert result.trials_run == 2
+    assert result.trials_run - result.repeats == 2
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     study = optuna.load_study(study_name="tiny", storage=db_url)
-    assert len(study.trials) == 5
+    assert len(study.trials) == 5 + first.repeats + result.repeats
     engine = open_engine(db_url)
     with session_scope(engine) as session:
-        numbers = session.scalars(select(Trial.optuna_number).order_by(Trial.optuna_number)).all()
+        numbers = session.scalars(
+            select(Trial.optuna_number).where(Trial.state != "DUPLICATE").order_by(Trial.optuna_number)
+        ).all()
+        everything = session.scalars(select(Trial.optuna_number).order_by(Trial.optuna_number)).all()
         baselines = session.scalars(select(Trial).where(Trial.is_baseline, Trial.state == "COMPLETE")).all()
         kinds = session.scalars(select(Measurement.kind).join(Trial).where(Trial.is_baseline)).all()
-    assert numbers == [0, 1, 2, 3, 4]
+    assert len(numbers) == 5 and everything == list(range(len(study.trials)))
     assert len(baselines) == 1  # one baseline trial per environment...
     assert kinds.count("baseline") == 1  # ...timed again at the start of the second run
 
@@ -100,7 +103,8 @@ def test_failing_technique_fails_the_trial_and_the_search_goes_on(db_url: str) -
         space={"techniques": {"int8_dynamic": {}}},
     )
     result = run_search(s, db_url=db_url)
-    assert result.trials_run == 4
+    # the baseline and int8 (failed): a failed configuration counts as tried, and that was the space
+    assert result.trials_run - result.repeats == 2 and result.exhausted and "all 2 configurations" in result.exhausted
     with session_scope(open_engine(db_url)) as session:
         trials = session.scalars(select(Trial)).all()
     failed = [t for t in trials if t.state == "FAILED"]
@@ -279,3 +283,107 @@ def test_confirm_re_measures_the_best_with_the_baseline(db_url: str) -> None:
     assert any(item["is_baseline"] for item in result["items"])  # the baseline, in the same rounds
     pick = pareto.best(study="tiny", db=db_url)
     assert pick["trial"] == unconfirmed and pick["confirmation"]["run"] == result["run"]
+
+
+FINITE = {"techniques": {"int8_dynamic": {}, "prune_structured": {"ratio": [0.25, 0.5]}}}
+
+
+def test_repeats_are_answered_not_counted_and_a_finite_space_ends(db_url: str) -> None:
+    s = spec(search={"n_trials": 10, "seed": 0, "confirm_top": 0}, space=FINITE)
+    result = run_search(s, db_url=db_url)
+    # 2 x 3 configurations: all measured once, then the search says nothing new is left
+    assert result.measured == 6 and result.trials_run - result.repeats == 6
+    assert result.exhausted is not None and "all 6 configurations" in result.exhausted
+    with session_scope(open_engine(db_url)) as session:
+        trials = session.scalars(select(Trial)).all()
+    complete = [t for t in trials if t.state == "COMPLETE"]
+    assert len({t.config_key for t in complete}) == len(complete) == 6
+    repeats = [t for t in trials if t.state == "DUPLICATE"]
+    assert len(repeats) == result.repeats and all("not measured again" in t.error for t in repeats)
+    study = optuna.load_study(study_name="tiny", storage=db_url)
+    by_number = {t.number: t for t in study.trials}
+    # the sampler gets a repeat's stored values again: the same values as the measured trial
+    measured = {t.config_key: by_number[t.optuna_number].values for t in complete}
+    for t in repeats:
+        frozen = by_number[t.optuna_number]
+        assert frozen.state.name == "COMPLETE" and frozen.values == measured[t.config_key]
+        assert frozen.user_attrs["duplicate_of"] in {c.optuna_number for c in complete}
+    assert study.user_attrs["pareto_sampler"] == "tpe"
+    again = run_search(s, db_url=db_url)
+    assert again.measured == 0 and again.exhausted is not None  # nothing new: stops at once
+
+
+def test_a_configuration_over_the_slo_is_rejected_after_its_first_round(db_url: str) -> None:
+    tight = {"int8_dynamic": {}}
+    s = spec(slo={"p99": "1us"}, search={"n_trials": 2, "seed": 0, "confirm_top": 0}, space={"techniques": tight})
+    result = run_search(s, db_url=db_url)
+    assert result.rejected == 1 and result.measured == 1  # the baseline is never rejected
+    with session_scope(open_engine(db_url)) as session:
+        baseline = session.scalars(select(Trial).where(Trial.is_baseline)).one()
+        rejected = session.scalars(select(Trial).where(Trial.state == "PRUNED")).one()
+        assert baseline.state == "COMPLETE" and baseline.measurements[0].samples == 680
+        assert not rejected.measurements  # no accuracy was evaluated, none invented
+        early = rejected.early_latency
+        assert early["samples"] == 34 and early["latency_p99_lower_ms"] > early["slo_ms"] == 0.001
+        assert rejected.error.startswith("rejected early") and rejected.accuracy_s is None
+    study = optuna.load_study(study_name="tiny", storage=db_url)
+    frozen = study.trials[rejected.optuna_number]
+    assert frozen.state.name == "PRUNED" and frozen.values is None
+    assert frozen.constraints["p99_ms"] > 0  # what the round proves, for TPE's infeasible ranking
+    # the same SLO again: the rejected configuration is a repeat, not measured again
+    again = run_search(s, db_url=db_url)
+    assert again.measured == 0 and again.rejected == 0 and again.repeats >= 1
+    # a looser SLO: measured again, in full
+    looser = run_search(
+        spec(slo={"p99": "1s"}, search=s.search.model_dump(), space={"techniques": tight}), db_url=db_url
+    )
+    assert looser.measured == 1 and looser.rejected == 0
+    off = run_search(
+        spec(
+            study="off",
+            slo={"p99": "1us"},
+            search={**s.search.model_dump(), "early_reject": False},
+            space={"techniques": tight},
+        ),
+        db_url=db_url,
+    )
+    assert off.rejected == 0 and off.measured == 2
+
+
+@pytest.mark.parametrize("sampler", ["gp", "nsga2", "qmc", "grid"])
+def test_each_sampler_runs_and_is_stored_with_the_study(db_url: str, sampler: str) -> None:
+    s = spec(
+        study=f"s-{sampler}",
+        search={"n_trials": 3, "seed": 0, "sampler": sampler, "confirm_top": 0},
+        measure={"device": "cpu", "threads": 1, "warmup": 2, "samples": 40, "rounds": 2, "contention_limit": 50},
+    )
+    result = run_search(s, db_url=db_url)
+    assert result.trials_run - result.repeats == 3 and result.sampler == sampler
+    study = optuna.load_study(study_name=f"s-{sampler}", storage=db_url)
+    assert study.user_attrs["pareto_sampler"] == sampler
+    assert pareto.studies(db=db_url)[0]["study"] == f"s-{sampler}"
+
+
+def test_continuing_with_another_sampler_says_so(db_url: str) -> None:
+    from pareto._search import Quiet
+
+    class Notes(Quiet):
+        def __init__(self) -> None:
+            self.lines: list[str] = []
+
+        def notice(self, message: str) -> None:
+            self.lines.append(message)
+
+    quick = {"device": "cpu", "threads": 1, "warmup": 2, "samples": 40, "rounds": 2, "contention_limit": 50}
+    run_search(spec(search={"n_trials": 2, "seed": 0, "confirm_top": 0}, measure=quick), db_url=db_url)
+    notes = Notes()
+    run_search(
+        spec(search={"n_trials": 1, "seed": 0, "sampler": "random", "confirm_top": 0}, measure=quick),
+        db_url=db_url,
+        reporter=notes,
+    )
+    assert any("was searched with the tpe sampler; this run continues it with random" in n for n in notes.lines)
+    with session_scope(open_engine(db_url)) as session:
+        from pareto.store.models import Study
+
+        assert session.scalars(select(Study.spec)).one()["search"]["sampler"] == "random"
