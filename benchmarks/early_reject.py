@@ -18,12 +18,16 @@ import argparse
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import optuna
 
 from pareto.api import create_study, search
 from pareto.spec import SearchSpec
+
+sys.path.insert(0, str(Path(__file__).parent))
+from replay import hypervolume  # the replay benchmark's, beside this file
 
 
 def run_spec(task: str, slo: str, n_trials: int, seed: int, early: bool) -> SearchSpec:
@@ -57,9 +61,6 @@ def trial_seconds(url: str) -> dict[int, tuple[str, float]]:
 
 
 def front_hypervolume(url: str, slo_ms: float, acc_ref: float) -> tuple[float, int]:
-    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
-    from replay import hypervolume
-
     import pareto
 
     points = [
@@ -132,7 +133,6 @@ def main() -> None:
     assert slo_ms is not None
     acc_ref = min(accuracies(url_a) + accuracies(url_b))
     hv_a, n_a = front_hypervolume(url_a, slo_ms, acc_ref)
-    from replay import hypervolume
 
     hv_b, n_b = front_hypervolume(url_b, slo_ms, acc_ref)
     rejected = [s for s, _ in b.values() if s == "PRUNED"]

@@ -103,6 +103,7 @@ class TrialOutcome:
     description: str
     metrics: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
+    repeat_of: int | None = None  # DUPLICATE: the trial that measured (or rejected) this configuration
 
 
 @dataclass
@@ -639,7 +640,7 @@ class _Objective:
             # rejected early goes back as pruned, as it did the first time.
             number, metrics = twin
             trial.set_user_attr("duplicate_of", number)
-            outcome = TrialOutcome(trial.number, "DUPLICATE", config.describe(), metrics, error=f"trial {number}")
+            outcome = TrialOutcome(trial.number, "DUPLICATE", config.describe(), metrics, repeat_of=number)
             if metrics:
                 return self._finish(trial, outcome)
             self.last = outcome

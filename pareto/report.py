@@ -280,7 +280,7 @@ def _trial_line(outcome: TrialOutcome) -> str:
     if outcome.state == "PRUNED":
         return head + f"[yellow]rejected early[/]  {escape(outcome.description)}: {escape(outcome.error or '')}"
     if outcome.state == "DUPLICATE" and "accuracy" not in outcome.metrics:
-        note = f"repeat of {outcome.error}, rejected early there; not counted"
+        note = f"repeat of trial {outcome.repeat_of}, rejected early there; not counted"
         return head + f"{escape(outcome.description)}  [dim]({note})[/]"
     m = outcome.metrics
     line = (
@@ -289,7 +289,7 @@ def _trial_line(outcome: TrialOutcome) -> str:
         f"(≤ {format_ms(m.get('latency_p99_upper_ms'))})"
     )
     if outcome.state == "DUPLICATE":
-        return line + f"  [dim](repeat of {outcome.error}, answered from the database; not counted)[/]"
+        return line + f"  [dim](repeat of trial {outcome.repeat_of}, answered from the database; not counted)[/]"
     if m.get("discarded_rounds"):
         line += f"  [yellow]({m['discarded_rounds']} rounds discarded for contention)[/]"
     return line
