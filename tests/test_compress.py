@@ -32,8 +32,8 @@ def _mlp(width: int = 64) -> nn.Sequential:
     ).eval()
 
 
-def _task(model: nn.Module) -> Task:
-    return Task(name="tiny", model=model, example_input=lambda b: torch.randn(b, 16), evaluate=lambda m: 0.0)
+def _task(model: nn.Module, features: int = 16) -> Task:
+    return Task(name="tiny", model=model, example_input=lambda b: torch.randn(b, features), evaluate=lambda m: 0.0)
 
 
 def _n_params(model: nn.Module) -> int:
@@ -113,7 +113,7 @@ def test_structured_prune_removes_exactly_the_weakest_units() -> None:
     model = nn.Sequential(nn.Linear(8, 6), nn.ReLU(), nn.Linear(6, 3)).eval()
     with torch.no_grad():
         model[0].weight[[1, 4]] *= 1e-3  # units 1 and 4 carry almost nothing
-    pruned = StructuredPrune(ratio=1 / 3).apply(copy.deepcopy(model), _task(model))
+    pruned = StructuredPrune(ratio=1 / 3).apply(copy.deepcopy(model), _task(model, 8))
     assert pruned[0].out_features == 4
     kept = [0, 2, 3, 5]
     torch.testing.assert_close(pruned[0].weight, model[0].weight[kept])
@@ -144,18 +144,20 @@ def test_structured_prune_keeps_at_least_one_unit_and_finds_nested_sequentials()
     assert _forward(pruned, torch.randn(2, 16)).shape == (2, 4)
 
 
-@pytest.mark.parametrize(
-    "model",
-    [
-        nn.Linear(16, 8),
-        nn.Sequential(nn.Linear(16, 32), nn.Softmax(dim=-1), nn.Linear(32, 8)),  # softmax mixes units
-        nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.LayerNorm(32), nn.Linear(32, 8)),
-    ],
-    ids=["bare-linear", "softmax-between", "layernorm-between"],
-)
-def test_structured_prune_without_a_pair_raises(model: nn.Module) -> None:
-    with pytest.raises(TechniqueError, match="no Linear→activation→Linear pair to prune"):
+def test_structured_prune_of_a_model_whose_only_layer_is_its_output_raises() -> None:
+    model = nn.Linear(16, 8)
+    with pytest.raises(TechniqueError, match="no group of channels, units or heads that may shrink"):
         StructuredPrune(ratio=0.5).apply(model, _task(model))
+
+
+@pytest.mark.parametrize("between", [nn.Softmax(dim=-1), nn.LayerNorm(32)], ids=["softmax", "layernorm"])
+def test_structured_prune_narrows_through_a_softmax_or_a_layer_norm(between: nn.Module) -> None:
+    # the units still pair up one to one (a layer norm loses the same features); the function
+    # changes more than through a ReLU, which recovery fine-tuning is for
+    model = nn.Sequential(nn.Linear(16, 32), between, nn.Linear(32, 8)).eval()
+    pruned = StructuredPrune(ratio=0.5).apply(copy.deepcopy(model), _task(model))
+    assert (pruned[0].out_features, pruned[2].in_features, pruned[2].out_features) == (16, 16, 8)
+    assert _forward(pruned, torch.randn(2, 16)).shape == (2, 8)
 
 
 # --- low rank -------------------------------------------------------------------------------------
@@ -163,7 +165,7 @@ def test_structured_prune_without_a_pair_raises(model: nn.Module) -> None:
 
 def test_lowrank_replaces_layers_by_factor_pairs_of_the_right_rank() -> None:
     model = _mlp(64)
-    factored = LowRank(rank_ratio=0.25).apply(copy.deepcopy(model), _task(model))
+    factored = LowRank(rank_ratio=0.25, keep_head=False, min_rank=1).apply(copy.deepcopy(model), _task(model))
     expected = {0: (16, 4), 2: (64, 16), 5: (64, 2)}  # index -> (in, r) with r = round(0.25 * min(in, out))
     for index, (n_in, rank) in expected.items():
         pair = factored[index]
@@ -180,15 +182,46 @@ def test_lowrank_is_exact_on_a_low_rank_weight() -> None:
     layer = nn.Linear(64, 48)
     with torch.no_grad():
         layer.weight.copy_(torch.randn(48, 6) @ torch.randn(6, 64))
-    factored = LowRank(rank_ratio=0.125).apply(copy.deepcopy(layer), _task(layer))  # r = 6
+    factored = LowRank(rank_ratio=0.125, keep_head=False, min_rank=1).apply(copy.deepcopy(layer), _task(layer, 64))
     x = torch.randn(10, 64)
     torch.testing.assert_close(_forward(factored, x), _forward(layer, x), rtol=1e-4, atol=1e-4)
+
+
+def test_lowrank_keeps_the_head_and_layers_under_the_rank_floor_by_default() -> None:
+    model = _mlp(64)
+    factored = LowRank(rank_ratio=0.25).apply(copy.deepcopy(model), _task(model))
+    assert type(factored[0]) is nn.Linear  # rank 4 of 16 is under the floor of 8
+    assert isinstance(factored[2], nn.Sequential) and factored[2][0].out_features == 16
+    assert type(factored[5]) is nn.Linear  # the head: its output is the model's
+    torch.testing.assert_close(factored[5].weight, model[5].weight)
+
+
+def test_lowrank_finds_a_head_behind_a_view_and_not_one_behind_a_softmax() -> None:
+    class Viewed(nn.Module):
+        def __init__(self, then_softmax: bool) -> None:
+            super().__init__()
+            self.body, self.head, self.then_softmax = nn.Linear(64, 64), nn.Linear(64, 64), then_softmax
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.head(self.body(x).relu()).reshape(x.shape[0], 8, 8)
+            return y.softmax(-1) if self.then_softmax else y
+
+    for then_softmax, head_factored in [(False, False), (True, True)]:
+        model = Viewed(then_softmax).eval()
+        factored = LowRank(rank_ratio=0.25).apply(copy.deepcopy(model), _task(model, 64))
+        assert isinstance(factored.head, nn.Sequential) is head_factored
+        assert isinstance(factored.body, nn.Sequential)  # rank 16 of 64
+
+
+def test_lowrank_on_a_model_that_is_only_its_head_says_so() -> None:
+    with pytest.raises(TechniqueError, match="the head is kept"):
+        LowRank(rank_ratio=0.25).apply(nn.Linear(64, 64), _task(nn.Linear(64, 64), 64))
 
 
 def test_lowrank_skips_layers_that_would_not_get_smaller() -> None:
     model = nn.Sequential(nn.Linear(16, 128), nn.ReLU(), nn.Linear(128, 128))
     # r = 10 for the 16x128 layer (1440 < 2048 weights); r = 77 for the square one (19712 >= 16384)
-    factored = LowRank(rank_ratio=0.6).apply(copy.deepcopy(model), _task(model))
+    factored = LowRank(rank_ratio=0.6, keep_head=False).apply(copy.deepcopy(model), _task(model))
     assert isinstance(factored[0], nn.Sequential) and factored[0][0].out_features == 10
     assert type(factored[2]) is nn.Linear
 
@@ -196,7 +229,7 @@ def test_lowrank_skips_layers_that_would_not_get_smaller() -> None:
 def test_lowrank_at_full_rank_on_a_square_layer_raises() -> None:
     model = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 32))
     with pytest.raises(TechniqueError, match="no nn.Linear layer gets smaller"):
-        LowRank(rank_ratio=1.0).apply(model, _task(model))
+        LowRank(rank_ratio=1.0).apply(model, _task(model, 32))
 
 
 # --- int8 dynamic quantization --------------------------------------------------------------------
@@ -280,8 +313,10 @@ def test_usage_errors_are_one_sentence() -> None:
 def test_get_technique_builds_the_registered_class() -> None:
     assert get_technique("prune_structured", {"ratio": 0.5}) == StructuredPrune(ratio=0.5)
     assert get_technique("int8_dynamic") == Int8Dynamic()
-    assert get_technique("lowrank", {"rank_ratio": 1.0}).describe() == "lowrank(rank_ratio=1)"
-    assert get_technique("lowrank", {"energy": 0.9}).describe() == "lowrank(energy=0.9)"
+    assert get_technique("lowrank", {"rank_ratio": 1.0}).describe() == "lowrank(rank_ratio=1,keep_head=True,min_rank=8)"
+    assert get_technique("lowrank", {"energy": 0.9, "min_rank": 2}).describe() == (
+        "lowrank(energy=0.9,keep_head=True,min_rank=2)"
+    )
     assert get_technique("distill").describe() == (
         "distill(width_ratio=0.5,temperature=4,alpha=0.9,steps=200,lr=0.001)"
     )
@@ -328,7 +363,10 @@ def test_describe_techniques_lists_every_technique_with_its_availability() -> No
         assert entry["summary"] and "\n" not in entry["summary"]
         assert entry["available"] is (entry["reason"] is None)
     by_name = {t["name"]: t for t in listing}
-    assert by_name["prune_structured"]["parameters"] == {"ratio": "float in (0, 1)"}
+    assert by_name["prune_structured"]["parameters"] == {
+        "ratio": "float in (0, 1)",
+        "width_ratio": "float in (0, 1) or null, default null",
+    }
     assert by_name["distill"]["parameters"]["steps"] == "int in [1, 100000], default 200"
     assert by_name["lowrank"]["parameters"]["energy"] == "float in (0, 1] or null, default null"
     assert by_name["compile"]["parameters"]["mode"].startswith("one of 'default', 'reduce-overhead'")
@@ -348,7 +386,7 @@ def test_describe_techniques_judges_the_task() -> None:
     bare = nn.Sequential(nn.ReLU())
     by_name = {t["name"]: t for t in describe_techniques("cpu", _task(bare))}
     assert by_name["int8_dynamic"]["reason"] == "the model has no nn.Linear layer to quantize."
-    assert by_name["prune_structured"]["reason"].startswith("the model has no Linear→activation→Linear pair")
+    assert by_name["prune_structured"]["reason"].startswith("the model has no group of channels")
 
 
 def test_available_still_takes_the_device_alone() -> None:
@@ -370,7 +408,7 @@ def test_apply_leaves_the_original_model_untouched() -> None:
 
 def test_apply_reports_why_a_technique_failed() -> None:
     model = nn.Sequential(nn.Linear(16, 8))
-    with pytest.raises(TechniqueError, match="no Linear→activation→Linear pair"):
+    with pytest.raises(TechniqueError, match=r"^prune_structured\(ratio=0.5\): the model has no group"):
         apply(model, Config(techniques=(StructuredPrune(ratio=0.5),), batch_size=1), _task(model))
 
 

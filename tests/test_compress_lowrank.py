@@ -44,9 +44,9 @@ def test_energy_picks_each_layers_rank_from_its_spectrum() -> None:
     # squares 16, 4, 1, .25, .0625: cumulative energy .751, .938, .985, .997, 1
     layer = _spectrum_layer([4.0, 2.0, 1.0, 0.5, 0.25])
     for energy, rank in [(0.75, 1), (0.9, 2), (0.95, 3), (0.99, 4)]:
-        down, up = LowRank(energy=energy).apply(copy.deepcopy(layer), _task(layer))
+        down, up = LowRank(energy=energy, keep_head=False, min_rank=1).apply(copy.deepcopy(layer), _task(layer))
         assert (down.out_features, up.in_features) == (rank, rank), energy
-    down, up = LowRank(energy=0.99).apply(copy.deepcopy(layer), _task(layer))
+    down, up = LowRank(energy=0.99, keep_head=False, min_rank=1).apply(copy.deepcopy(layer), _task(layer))
     # rank 4 of a rank-5 weight: only the smallest direction is lost (Eckart–Young)
     error = (up.weight @ down.weight - layer.weight).norm() / layer.weight.norm()
     assert error.item() == pytest.approx(0.25 / 21.3125**0.5, rel=1e-3)
@@ -55,8 +55,8 @@ def test_energy_picks_each_layers_rank_from_its_spectrum() -> None:
 def test_energy_leaves_full_rank_layers_that_would_grow() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), _spectrum_layer([1.0, 1.0]))
-    factored = LowRank(energy=0.9).apply(copy.deepcopy(model), _task(model))
+    factored = LowRank(energy=0.9, keep_head=False, min_rank=1).apply(copy.deepcopy(model), _task(model))
     assert type(factored[0]) is nn.Linear  # a random square weight needs most of its rank
     assert isinstance(factored[2], nn.Sequential) and factored[2][0].out_features == 2
     with pytest.raises(TechniqueError, match="no nn.Linear layer gets smaller at this energy"):
-        LowRank(energy=1.0).apply(nn.Sequential(nn.Linear(8, 8)), _task(model))
+        LowRank(energy=1.0, keep_head=False).apply(nn.Sequential(nn.Linear(8, 8)), _task(model))

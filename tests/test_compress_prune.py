@@ -74,10 +74,50 @@ def test_conv_channel_removal_equals_zeroing_the_channel() -> None:
     torch.testing.assert_close(_forward(pruned, x), _forward(reference, x))
 
 
-def test_grouped_convolutions_are_left_alone() -> None:
-    model = nn.Sequential(nn.Conv2d(4, 4, 3, groups=4), nn.ReLU(), nn.Conv2d(4, 4, 1))
-    with pytest.raises(TechniqueError, match="no Conv2d→Conv2d channel pair"):
-        StructuredPrune(ratio=0.5).apply(model, _task(model, (4, 6, 6)))
+def test_a_depthwise_first_layer_keeps_the_models_input_channels() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(4, 4, 3, groups=4), nn.ReLU(), nn.Conv2d(4, 8, 1), nn.ReLU(), nn.Conv2d(8, 3, 1))
+    pruned = StructuredPrune(ratio=0.5).apply(copy.deepcopy(model.eval()), _task(model, (4, 6, 6)))
+    assert (pruned[0].in_channels, pruned[0].out_channels) == (4, 4)  # its channels are the input's
+    assert (pruned[2].out_channels, pruned[4].in_channels, pruned[4].out_channels) == (4, 4, 3)
+    assert _forward(pruned, torch.randn(2, 4, 6, 6)).shape == (2, 3, 4, 4)
+
+
+class _ResNet(nn.Module):
+    """Stem and two residual blocks with batch norm, the second with a 1x1 projection shortcut."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU())
+        self.a1, self.a2 = nn.Conv2d(16, 16, 3, padding=1), nn.Conv2d(16, 16, 3, padding=1)
+        self.bn_a = nn.BatchNorm2d(16)
+        self.b1, self.b2 = nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.Conv2d(32, 32, 3, padding=1)
+        self.project = nn.Sequential(nn.Conv2d(16, 32, 1, stride=2), nn.BatchNorm2d(32))
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        x = torch.relu(x + self.bn_a(self.a2(torch.relu(self.a1(x)))))
+        x = torch.relu(self.project(x) + self.b2(torch.relu(self.b1(x))))
+        return self.head(x.mean(dim=(2, 3)))
+
+
+def test_structured_prune_keeps_a_residual_cnn_consistent_through_adds_and_batch_norms() -> None:
+    torch.manual_seed(0)
+    model = _ResNet()
+    model.train()
+    with torch.no_grad():  # real batch-norm statistics
+        model(torch.randn(8, 3, 8, 8))
+    model.eval()
+    pruned = StructuredPrune(ratio=0.5).apply(copy.deepcopy(model), _task(model, (3, 8, 8)))
+    # the stem, the first block's output and its shortcut share channels through the add: pruned together
+    assert pruned.stem[0].out_channels == pruned.stem[1].num_features == pruned.a2.out_channels == 8
+    assert pruned.bn_a.num_features == pruned.b1.in_channels == pruned.project[0].in_channels == 8
+    assert pruned.a1.out_channels == pruned.a2.in_channels == 8
+    assert pruned.b2.out_channels == pruned.project[1].num_features == pruned.head.in_features == 16
+    assert (pruned.stem[0].in_channels, pruned.head.out_features) == (3, 10)  # input and classes kept
+    assert _forward(pruned, torch.randn(2, 3, 8, 8)).shape == (2, 10)
+    assert _n_params(pruned) < _n_params(model) / 3
 
 
 # --- transformers ---------------------------------------------------------------------------------
@@ -133,6 +173,64 @@ def test_structured_prune_removes_attention_heads_and_ffn_units() -> None:
     torch.testing.assert_close(_forward(pruned, x), _forward(reference, x), rtol=1e-4, atol=1e-5)
 
 
+def test_structured_prune_removes_heads_and_ffn_width_of_a_hugging_face_bert_and_keeps_its_width() -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(
+        vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64
+    )
+    torch.manual_seed(0)
+    bert = transformers.BertModel(config, add_pooling_layer=False).eval()
+
+    class Encoder(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            return self.bert(input_ids=ids, attention_mask=mask).last_hidden_state.mean(dim=1)
+
+    model = Encoder().eval()
+    ids, mask = torch.randint(0, 50, (3, 7)), torch.ones(3, 7, dtype=torch.long)
+    task = Task(name="bert", model=model, example_input=lambda b: (ids[:b], mask[:b]), evaluate=lambda m: 0.0)
+    pruned = StructuredPrune(ratio=0.5).apply(copy.deepcopy(model), task)
+    for layer in pruned.bert.encoder.layer:
+        attention = layer.attention.self
+        assert (attention.num_attention_heads, attention.all_head_size) == (2, 16)
+        assert attention.query.out_features == attention.value.out_features == 16
+        assert layer.attention.output.dense.in_features == 16
+        assert layer.intermediate.dense.out_features == layer.output.dense.in_features == 32
+        assert layer.output.dense.out_features == 32  # the width (embedding size) is kept
+    assert pruned.bert.embeddings.word_embeddings.embedding_dim == 32
+    with torch.inference_mode():
+        assert pruned(ids, mask).shape == (3, 32)
+
+
+def test_width_ratio_prunes_the_embedding_width_too() -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(
+        vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64
+    )
+    torch.manual_seed(0)
+    bert = transformers.BertModel(config, add_pooling_layer=False).eval()
+
+    class Classifier(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bert, self.head = bert, nn.Linear(32, 3)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.head(self.bert(input_ids=ids).last_hidden_state[:, 0])
+
+    model = Classifier().eval()
+    ids = torch.randint(0, 50, (2, 5))
+    task = Task(name="bert", model=model, example_input=lambda b: (ids[:b],), evaluate=lambda m: 0.0)
+    pruned = StructuredPrune(ratio=0.5, width_ratio=0.25).apply(copy.deepcopy(model), task)
+    assert pruned.bert.embeddings.word_embeddings.embedding_dim == 24
+    assert (pruned.head.in_features, pruned.head.out_features) == (24, 3)
+    with torch.inference_mode():
+        assert pruned(ids).shape == (2, 3)
+
+
 def test_multi_head_self_attention_matches_torch() -> None:
     torch.manual_seed(0)
     ours = MultiHeadSelfAttention(16, 4).eval()
@@ -147,13 +245,28 @@ def test_multi_head_self_attention_matches_torch() -> None:
         torch.testing.assert_close(ours(x), theirs(x, x, x, need_weights=False)[0], rtol=1e-4, atol=1e-5)
 
 
-def test_structured_prune_on_a_model_it_cannot_act_on_says_what_it_supports() -> None:
-    model = nn.MultiheadAttention(16, 4)
+def test_structured_prune_on_a_model_whose_every_channel_is_output_says_so() -> None:
+    model = nn.Sequential(nn.Linear(16, 8), nn.ReLU())
     task = _task(model)
     reason = StructuredPrune(ratio=0.5).available("cpu", task)
-    assert reason is not None and "q/k/v/out attention module" in reason
-    with pytest.raises(TechniqueError, match="no transformer feed-forward layer"):
+    assert reason is not None and "reaches the model's output" in reason
+    with pytest.raises(TechniqueError, match=r"^prune_structured\(ratio=0.5\): the model has no group"):
         StructuredPrune(ratio=0.5).apply(model, task)
+
+
+def test_structured_prune_on_a_model_it_cannot_trace_gives_the_reason() -> None:
+    model = nn.MultiheadAttention(16, 4)  # forward needs query, key and value: the example gives one tensor
+    reason = StructuredPrune(ratio=0.5).available("cpu", _task(model))
+    assert reason is not None and reason.startswith("the model could not be traced on example_input(1): TypeError")
+
+
+def test_structured_prune_leaves_the_models_requires_grad_flags_and_mode_as_they_were() -> None:
+    model = _cnn()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    pruned = StructuredPrune(ratio=0.5).apply(model, _task(model, (3, 8, 8)))
+    assert not pruned.training
+    assert not any(p.requires_grad for p in pruned.parameters())
 
 
 # --- 2:4 semi-structured sparsity ------------------------------------------------------------------

@@ -18,14 +18,33 @@ from pareto.compress.finetune import (
     seeded,
     train_batches,
 )
-from pareto.compress.prune import ELEMENTWISE
 from pareto.errors import TechniqueError
 
 if TYPE_CHECKING:
     from pareto.task import Task
 
-#: Modules a student copies as they are: they hold no width of their own.
-_PASSTHROUGH = (*ELEMENTWISE, nn.Flatten)
+#: Modules a student copies as they are: they act on each feature alone and hold no width of their own.
+_PASSTHROUGH = (
+    nn.ReLU,
+    nn.ReLU6,
+    nn.LeakyReLU,
+    nn.GELU,
+    nn.SiLU,
+    nn.Mish,
+    nn.Tanh,
+    nn.Sigmoid,
+    nn.ELU,
+    nn.SELU,
+    nn.CELU,
+    nn.Softplus,
+    nn.Hardswish,
+    nn.Hardsigmoid,
+    nn.Hardtanh,
+    nn.Dropout,
+    nn.AlphaDropout,
+    nn.Identity,
+    nn.Flatten,
+)
 
 
 @register

@@ -10,7 +10,7 @@ from torch import nn
 from torch.nn.utils import skip_init
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from pareto.compress.base import Family, Technique, register
+from pareto.compress.base import Family, Technique, model_device, register
 from pareto.errors import TechniqueError
 
 if TYPE_CHECKING:
@@ -25,20 +25,28 @@ class LowRank(Technique):
     ``r = max(1, round(rank_ratio * min(in, out)))``; ``energy`` gives the smallest ``r`` whose top
     singular values hold that fraction of ``sum(s**2)`` (so each layer gets the rank its spectrum
     needs). A layer is left alone when the two factors would hold as many weights as the original
-    (``r * (in + out) >= in * out``).
+    (``r * (in + out) >= in * out``), when ``r`` would fall under ``min_rank``, and, unless
+    ``keep_head`` is off, when it is the model's head: a layer whose output is the model's output
+    (found by running ``task.example_input(1)`` once). A classifier head is narrow (10 classes, say),
+    so a rank ratio leaves it a handful of directions and the accuracy goes with them, while it
+    holds a small share of the compute.
 
     Args:
         rank_ratio: Kept rank as a fraction of each layer's full rank.
         energy: Kept fraction of each layer's squared singular values (its Frobenius norm squared).
+        keep_head: Leave the layers whose output is the model's output unfactored.
+        min_rank: Leave a layer unfactored when its rank would be under this.
     """
 
     name: ClassVar[str] = "lowrank"
     family: ClassVar[Family] = "lowrank"
-    summary: ClassVar[str] = "truncated-SVD factorization of each Linear, where the two factors are smaller"
+    summary: ClassVar[str] = "truncated-SVD factorization of each Linear but the head, where the factors are smaller"
     example: ClassVar[dict[str, float]] = {"rank_ratio": 0.25}
 
     rank_ratio: float | None = Field(default=None, gt=0, le=1)
     energy: float | None = Field(default=None, gt=0, le=1)
+    keep_head: bool = True
+    min_rank: int = Field(default=8, ge=1)
 
     @model_validator(mode="after")
     def _one_rule(self) -> LowRank:
@@ -57,8 +65,9 @@ class LowRank(Technique):
         Raises:
             TechniqueError: no layer would get smaller at this rank ratio.
         """
+        head = output_linears(model, task) if self.keep_head else set()
         if type(model) is nn.Linear:
-            factored = self._factorize(model)
+            factored = None if model in head else self._factorize(model)
             if factored is None:
                 raise TechniqueError(self._nothing_to_do())
             return factored
@@ -67,7 +76,7 @@ class LowRank(Technique):
             for child_name, child in list(parent.named_children()):
                 # exact type: subclasses such as MultiheadAttention's out_proj are read as plain weights;
                 # packed weights (2:4 sparse) are not factorized
-                if type(child) is not nn.Linear or is_traceable_wrapper_subclass(child.weight):
+                if type(child) is not nn.Linear or is_traceable_wrapper_subclass(child.weight) or child in head:
                     continue
                 factored = self._factorize(child)
                 if factored is not None:
@@ -83,12 +92,12 @@ class LowRank(Technique):
         n_in, n_out = linear.in_features, linear.out_features
         if self.rank_ratio is not None:
             rank = max(1, round(self.rank_ratio * min(n_in, n_out)))
-            if _not_smaller(rank, n_in, n_out):
+            if rank < self.min_rank or _not_smaller(rank, n_in, n_out):
                 return None  # decided before the SVD, which is the expensive part
         u, s, vh = torch.linalg.svd(linear.weight.float(), full_matrices=False)
         if self.energy is not None:
             rank = _rank_for_energy(s, self.energy)
-        if _not_smaller(rank, n_in, n_out):
+        if rank < self.min_rank or _not_smaller(rank, n_in, n_out):
             return None
         # split the singular values evenly so both factors have the same scale
         root = s[:rank].sqrt()
@@ -103,10 +112,54 @@ class LowRank(Technique):
 
     def _nothing_to_do(self) -> str:
         rule = "rank ratio" if self.rank_ratio is not None else "energy"
+        kept = " and the head is kept" if self.keep_head else ""
         return (
             f"{self.describe()}: no nn.Linear layer gets smaller at this {rule} "
-            "(the two factors would hold as many weights as the layer)."
+            f"(the two factors would hold as many weights as the layer, or the rank would be under "
+            f"min_rank={self.min_rank}{kept})."
         )
+
+
+def output_linears(model: nn.Module, task: Task) -> set[nn.Module]:
+    """The ``nn.Linear`` layers whose output is (a view of) the model's output on ``task.example_input(1)``.
+
+    Found by running the model once with forward hooks: a layer counts when its output tensor shares
+    storage with a tensor the model returns (directly, in a tuple/list/dict, or in a Hugging Face
+    ``ModelOutput``). A head followed by a softmax is not found; ``min_rank`` still guards it.
+    """
+    produced: dict[nn.Module, torch.Tensor] = {}
+
+    def hook(module: nn.Module, args: object, output: object) -> None:
+        if isinstance(output, torch.Tensor):
+            produced[module] = output
+
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    if not linears:
+        return set()
+    handles = [m.register_forward_hook(hook) for m in linears]
+    device = model_device(model)
+    inputs = task.example_input(1)
+    args = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+    try:
+        with torch.inference_mode():
+            result = model(*(a.to(device) if isinstance(a, torch.Tensor) else a for a in args))
+    except Exception as exc:  # the task's model or input is user code
+        raise TechniqueError(f"finding the model's head: the model failed on example_input(1): {exc}") from exc
+    finally:
+        for handle in handles:
+            handle.remove()
+    pointers = {t.untyped_storage().data_ptr() for t in _tensors(result)}
+    return {m for m, out in produced.items() if out.untyped_storage().data_ptr() in pointers}
+
+
+def _tensors(value: object) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):  # ModelOutput is a dict
+        return [t for v in value.values() for t in _tensors(v)]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    return []
 
 
 def _not_smaller(rank: int, n_in: int, n_out: int) -> bool:

@@ -2,45 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import torch
 from pydantic import Field
 from torch import nn
 from torch.nn import functional as F
 from torch.nn.utils import prune as torch_prune
-from torch.nn.utils import skip_init
 
-from pareto.compress.base import Family, Technique, cuda_capability, register
+from pareto.compress.base import Family, Technique, cuda_capability, model_device, register
 from pareto.errors import TechniqueError
 
 if TYPE_CHECKING:
     from pareto.task import Task
-
-#: Modules that act on each feature independently, so a hidden unit can be removed straight through them.
-ELEMENTWISE = (
-    nn.ReLU,
-    nn.ReLU6,
-    nn.LeakyReLU,
-    nn.GELU,
-    nn.SiLU,
-    nn.Mish,
-    nn.Tanh,
-    nn.Sigmoid,
-    nn.ELU,
-    nn.SELU,
-    nn.CELU,
-    nn.Softplus,
-    nn.Hardswish,
-    nn.Hardsigmoid,
-    nn.Hardtanh,
-    nn.Dropout,
-    nn.AlphaDropout,
-    nn.Identity,
-)
-#: Modules that act on each channel of a feature map on its own: a channel can be removed straight through them.
-_CHANNELWISE = (*ELEMENTWISE, nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d, nn.Dropout2d)
 
 TWO_FOUR_REASON = "2:4 sparse kernels need a CUDA GPU of compute capability 8.0 or newer (A100, H100…)"
 
@@ -86,64 +64,257 @@ class UnstructuredPrune(Technique):
 
 @register
 class StructuredPrune(Technique):
-    """Physically remove a fraction of hidden units, channels, FFN units and attention heads.
+    """Physically remove a fraction of conv channels, hidden units, feed-forward width and attention heads.
 
-    What it acts on (anything else is left alone):
+    Built on Torch-Pruning's dependency graph (DepGraph: Fang et al., "DepGraph: Towards Any Structural
+    Pruning", CVPR 2023; the ``torch-pruning`` package). The model is traced once on
+    ``task.example_input(1)`` and its coupled channels are found as groups: a conv's output
+    channels with the batch norm after it and every layer that reads them, channels joined by a
+    residual add, a Linear's units with the next layer's input columns. A group loses the same
+    channels everywhere, so residual networks with batch norm, transformer blocks and plain MLPs
+    come out consistent. Each group keeps ``1 - ratio`` of its channels, ranked by the L2 norm of
+    their weights averaged over the group's layers (``GroupMagnitudeImportance``).
 
-    - ``Linear A -> (BatchNorm1d, elementwise modules) -> Linear B`` inside an ``nn.Sequential``:
-      A loses output rows, the norm its features, B the matching input columns.
-    - ``Conv2d A -> (BatchNorm2d, activations, pooling, Dropout2d) -> Conv2d B`` inside an
-      ``nn.Sequential`` (``groups=1``): A loses output channels, B input channels; also
-      ``Conv2d A -> ... -> Flatten -> Linear B``, where B loses each channel's block of columns.
-    - The feed-forward width of ``nn.TransformerEncoderLayer`` / ``nn.TransformerDecoderLayer``
-      (``linear1 -> activation -> linear2``).
-    - Attention heads of any module with ``q_proj``, ``k_proj``, ``v_proj`` and ``out_proj``
-      (``nn.Linear``, equal q/k/v widths) and an int ``num_heads`` that its forward reads, such as
-      ``MultiHeadSelfAttention`` below. ``nn.MultiheadAttention`` is not supported: its fused
-      ``in_proj`` and fixed ``embed_dim == num_heads * head_dim`` leave no head to remove.
+    Attention heads: a module with separate query/key/value projections and a head count
+    (``q_proj``/``k_proj``/``v_proj`` with ``num_heads``, such as ``MultiHeadSelfAttention`` below, or
+    Hugging Face BERT-family ``query``/``key``/``value`` with ``num_attention_heads``) loses whole
+    heads at ``ratio``; its head count (and ``all_head_size``) is updated, which Torch-Pruning leaves
+    to the caller. ``nn.MultiheadAttention`` keeps its heads: its fused ``in_proj`` has none to remove.
 
-    A unit's importance is ``||A row|| * ||B column||`` (L2), times ``|gamma| / sigma`` of a batch
-    norm between them: a unit weak going in or coming out contributes little. A head's is
-    ``||W_v rows|| * ||W_out columns||`` (its value path). A model's final outputs are never
-    pruned: only units some later layer reads are candidates.
+    What is kept: channels that reach the model's output (a classifier head's classes, a residual
+    stream the model returns), and, unless ``width_ratio`` is given, the embedding width (every
+    group holding an ``nn.Embedding``'s output: a transformer's residual stream).
 
     Args:
-        ratio: Fraction of each hidden layer's units (channels, heads) removed; at least one is kept.
+        ratio: Fraction of each group's channels (units, heads) removed; at least one is kept.
+        width_ratio: Fraction of the embedding width removed as well; None keeps it.
     """
 
     name: ClassVar[str] = "prune_structured"
     family: ClassVar[Family] = "prune"
     summary: ClassVar[str] = (
-        "remove hidden units, conv channels, FFN width and attention heads: smaller layers, not masks"
+        "remove channels, hidden units, FFN width and attention heads of any traced graph (DepGraph): smaller layers"
     )
     example: ClassVar[dict[str, float]] = {"ratio": 0.5}
 
     ratio: float = Field(gt=0, lt=1)
+    width_ratio: float | None = Field(default=None, gt=0, lt=1)
 
     def available(self, device: str, task: Task | None = None) -> str | None:
-        if task is not None and not _prunable_sites(task.model):
-            return _NO_SITE
-        return None
+        if importlib.util.find_spec("torch_pruning") is None:
+            return "structured pruning needs the torch-pruning package (pip install torch-pruning)."
+        if task is None:
+            return None
+        try:
+            plan = _plan(task.model, task, self)
+        except TechniqueError as exc:
+            return str(exc).removeprefix(f"{self.describe()}: ")
+        return None if plan.prunable else _NO_GROUP
 
     def apply(self, model: nn.Module, task: Task) -> nn.Module:
-        """Return ``model`` with smaller layers swapped in wherever a supported pattern occurs.
+        """Return ``model`` with narrower layers wherever a group of coupled channels can shrink.
 
         Raises:
-            TechniqueError: no supported pattern exists, or the ratio removes nothing.
+            TechniqueError: the model cannot be traced, has no group it may shrink, or the ratio removes nothing.
         """
-        sites = _prunable_sites(model)
-        if not sites:
-            raise TechniqueError(f"{self.describe()}: {_NO_SITE}")
-        shrunk = sum(site.shrink(self.ratio) for site in sites)
-        if shrunk == 0:
-            raise TechniqueError(f"{self.describe()}: the ratio is too small to remove any hidden unit.")
+        import torch_pruning as tp
+
+        plan = _plan(model, task, self)
+        if not plan.prunable:
+            raise TechniqueError(f"{self.describe()}: {_NO_GROUP}")
+        num_heads = {proj: site.heads for site in plan.heads for proj in site.projections}
+        # each group's exact count (Torch-Pruning floors the kept count and skips a group it would empty)
+        ratios = {root: _exact_ratio(self.ratio, channels) for root, channels in plan.roots}
+        if self.width_ratio is not None:
+            ratios.update({root: _exact_ratio(self.width_ratio, channels) for root, channels in plan.width_roots})
+        head_ratios = {  # Torch-Pruning rounds the heads removed up, which may remove them all
+            proj: _exact_ratio(self.ratio, site.heads, removed_rounds_up=True)
+            for site in plan.heads
+            for proj in site.projections
+        }
+        before = sum(p.numel() for p in model.parameters())
+        with _traceable(model, self):
+            pruner = tp.pruner.BasePruner(
+                model,
+                plan.args,
+                importance=tp.importance.GroupMagnitudeImportance(p=2),
+                pruning_ratio=self.ratio,
+                pruning_ratio_dict=ratios,
+                ignored_layers=plan.kept_roots,
+                num_heads=num_heads,
+                prune_num_heads=bool(num_heads),
+                prune_head_dims=False,
+                head_pruning_ratio_dict=head_ratios,
+                forward_fn=_call,
+            )
+            pruner.step()
+        for site in plan.heads:
+            site.update(pruner.num_heads[site.projections[0]])
+        if sum(p.numel() for p in model.parameters()) == before:
+            raise TechniqueError(f"{self.describe()}: the ratio is too small to remove any channel, unit or head.")
         return model
 
 
-_NO_SITE = (
-    "the model has no Linear→activation→Linear pair to prune inside an nn.Sequential, no "
-    "Conv2d→Conv2d channel pair, no transformer feed-forward layer and no q/k/v/out attention module."
+_NO_GROUP = (
+    "the model has no group of channels, units or heads that may shrink: every one reaches the "
+    "model's output or the embedding width."
 )
+
+
+@dataclass
+class _HeadSite:
+    """An attention module whose heads are removed whole: its q/k/v projections and its head-count attribute."""
+
+    module: nn.Module
+    projections: tuple[nn.Linear, nn.Linear, nn.Linear]
+    attribute: str
+    heads: int
+
+    def update(self, heads: int) -> None:
+        setattr(self.module, self.attribute, heads)
+        head_size = getattr(self.module, "attention_head_size", None)
+        if isinstance(head_size, int) and hasattr(self.module, "all_head_size"):
+            setattr(self.module, "all_head_size", heads * head_size)  # noqa: B010 (mypy: a Module attribute)
+
+
+@dataclass
+class _Plan:
+    """What a trace of the model found: the example call, groups to keep whole, width groups, heads."""
+
+    args: tuple[Any, ...]
+    kept_roots: list[nn.Module]
+    roots: list[tuple[nn.Module, int]]  # groups pruned at ``ratio``: root layer, channels
+    width_roots: list[tuple[nn.Module, int]]  # groups holding the embedding width
+    heads: list[_HeadSite]
+
+    @property
+    def prunable(self) -> bool:
+        return any(channels > 1 for _, channels in self.roots) or bool(self.heads)
+
+
+#: Head-count conventions: (query, key, value attribute names, head-count attribute).
+_HEAD_CONVENTIONS = (("q_proj", "k_proj", "v_proj", "num_heads"), ("query", "key", "value", "num_attention_heads"))
+
+
+def _head_sites(model: nn.Module) -> list[_HeadSite]:
+    sites = []
+    for module in model.modules():
+        for q_name, k_name, v_name, attribute in _HEAD_CONVENTIONS:
+            projections = [getattr(module, name, None) for name in (q_name, k_name, v_name)]
+            heads = getattr(module, attribute, None)
+            if not isinstance(heads, int) or heads < 2 or not all(type(p) is nn.Linear for p in projections):
+                continue
+            q, k, v = cast("list[nn.Linear]", projections)
+            if q.out_features == k.out_features == v.out_features and q.out_features % heads == 0:
+                sites.append(_HeadSite(module, (q, k, v), attribute, heads))
+                break
+    return sites
+
+
+def _plan(model: nn.Module, task: Task, technique: StructuredPrune) -> _Plan:
+    """Trace ``model`` on ``task.example_input(1)`` and sort its groups into kept and prunable.
+
+    A group is kept whole when it reaches a node nothing reads (the model's output: Torch-Pruning
+    prunes a classifier's classes unless told not to), when it would take input channels from a
+    layer that reads the model's input (a depthwise first layer, a residual stream that starts at the
+    input), or, without ``width_ratio``, when it holds an ``nn.Embedding``'s output.
+
+    Raises:
+        TechniqueError: the model cannot be traced on its example input.
+    """
+    import torch_pruning as tp
+
+    inputs = task.example_input(1)
+    device = model_device(model)
+    args = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+    args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
+    keep_width = technique.width_ratio is None
+    try:
+        with _traceable(model, technique):
+            graph = tp.DependencyGraph().build_dependency(model, example_inputs=args, forward_fn=_call)
+    except TechniqueError:
+        raise
+    except Exception as exc:  # the model's forward is user code
+        raise TechniqueError(
+            f"{technique.describe()}: the model could not be traced on example_input(1): {type(exc).__name__}: {exc}"
+        ) from exc
+    layers = set(model.modules())
+    # nodes nothing reads: the model's outputs (a layer's own, or an op Torch-Pruning marks as output)
+    terminals = {n.module for n in graph.module2node.values() if not n.outputs and n.module in layers}
+    outputs = {n.module for n in graph.module2node.values() if isinstance(n.module, tp.ops._OutputOp)}
+    # layers reading the model's input (nothing upstream of them was traced)
+    sources = {n.module for n in graph.module2node.values() if not n.inputs and n.module in layers}
+    embeddings = {m for m in graph.module2node if isinstance(m, nn.Embedding)}
+    kept: list[nn.Module] = []
+    roots: list[tuple[nn.Module, int]] = []
+    width: list[tuple[nn.Module, int]] = []
+    for group in graph.get_all_groups(root_module_types=_ROOTS):
+        touched = {item.dep.target.module for item in group}
+        narrows = False
+        for item in group:
+            target, out = item.dep.target.module, graph.is_out_channel_pruning_fn(item.dep.handler)
+            # the model's output would lose channels, or a layer reading the model's input would lose
+            # input channels (a residual stream that starts at the input; a grouped first layer,
+            # whose output channels are its input channels)
+            narrows = (
+                narrows
+                or target in outputs
+                or (target in terminals and out)
+                or (target in sources and (not out or getattr(target, "groups", 1) > 1))
+            )
+        root = group[0].dep.target.module
+        channels = int(graph.get_out_channels(root) or 0)
+        if narrows or (touched & embeddings and keep_width):
+            kept.append(root)
+        elif touched & embeddings:
+            width.append((root, channels))
+        else:
+            roots.append((root, channels))
+    return _Plan(args, kept, roots, width, _head_sites(model))
+
+
+_ROOTS = (nn.modules.conv._ConvNd, nn.Linear, nn.LSTM)
+
+
+def _call(model: nn.Module, args: tuple[Any, ...]) -> Any:
+    # Torch-Pruning's own call retries with the tuple as one argument when the first call raises,
+    # which hides the model's real error behind a confusing one
+    return model(*args)
+
+
+def _exact_ratio(ratio: float, units: int, *, removed_rounds_up: bool = False) -> float:
+    """The ratio to hand Torch-Pruning so that ``max(1, round((1 - ratio) * units))`` units stay.
+
+    For channels it keeps ``int(units * (1 - r))``; for heads it removes ``ceil(r * units)``: aim
+    half a unit inside the step so that float rounding cannot move it.
+    """
+    if units < 1:
+        return 0.0
+    keep = max(1, round((1 - ratio) * units))
+    if removed_rounds_up:
+        return max(0.0, (units - keep - 0.5) / units)
+    return max(0.0, 1 - (keep + 0.5) / units)
+
+
+@contextlib.contextmanager
+def _traceable(model: nn.Module, technique: Technique) -> Iterator[None]:
+    """Let autograd record the forward (Torch-Pruning reads the graph from ``grad_fn``); restore the flags after."""
+    if torch.is_inference_mode_enabled():
+        raise TechniqueError(f"{technique.describe()}: cannot trace the model inside torch.inference_mode().")
+    # by name: pruning replaces the parameters, and the new ones would keep requires_grad=True
+    flags = {name: p.requires_grad for name, p in model.named_parameters()}
+    training = model.training
+    try:
+        for p in model.parameters():
+            if p.is_floating_point():
+                p.requires_grad_(True)
+        with torch.enable_grad():
+            yield
+    finally:
+        for name, p in model.named_parameters():
+            if p.is_floating_point():
+                p.requires_grad_(flags.get(name, False))
+        model.train(training)
 
 
 class MultiHeadSelfAttention(nn.Module):
@@ -309,257 +480,3 @@ def _dense_linears(model: nn.Module) -> list[nn.Linear]:
         for m in model.modules()
         if isinstance(m, nn.Linear) and m.weight.is_floating_point() and not is_traceable_wrapper_subclass(m.weight)
     ]
-
-
-# --- structured pruning sites -----------------------------------------------------------------------
-
-
-def _keep(units: int, ratio: float) -> int:
-    return max(1, round((1 - ratio) * units))
-
-
-def _top_units(score: torch.Tensor, keep: int) -> torch.Tensor:
-    """Indices of the ``keep`` highest scores, in their original order."""
-    return score.topk(keep).indices.sort().values
-
-
-@dataclass
-class _SequentialPair:
-    """``seq[i]`` (Linear or Conv2d) feeds ``seq[j]`` through channel-wise modules, maybe a batch norm at ``seq[norm]``.
-
-    ``block`` is how many input columns of ``seq[j]`` each unit of ``seq[i]`` feeds (H×W after a Flatten).
-    """
-
-    seq: nn.Sequential
-    i: int
-    j: int
-    norm: int | None
-    block: int
-
-    @torch.no_grad()
-    def shrink(self, ratio: float) -> bool:
-        a, b = self.seq[self.i], self.seq[self.j]  # re-read: in a chain the previous pair replaced a
-        units = a.weight.shape[0]
-        keep = _keep(units, ratio)
-        if keep >= units:
-            return False
-        score = a.weight.float().flatten(1).norm(dim=1) * _input_norms(b, units, self.block)
-        norm = cast("nn.BatchNorm1d | nn.BatchNorm2d | None", self.seq[self.norm] if self.norm is not None else None)
-        if norm is not None:
-            score = score * _norm_gain(norm)
-        index = _top_units(score, keep)
-        self.seq[self.i] = _take_outputs(a, index)
-        if norm is not None and self.norm is not None:
-            self.seq[self.norm] = _take_norm(norm, index)
-        self.seq[self.j] = _take_inputs(b, index, self.block)
-        return True
-
-
-@dataclass
-class _FeedForward:
-    """``linear1 -> activation -> linear2`` of a transformer layer."""
-
-    layer: nn.TransformerEncoderLayer | nn.TransformerDecoderLayer
-
-    @torch.no_grad()
-    def shrink(self, ratio: float) -> bool:
-        a, b = self.layer.linear1, self.layer.linear2
-        keep = _keep(a.out_features, ratio)
-        if keep >= a.out_features:
-            return False
-        index = _top_units(a.weight.float().norm(dim=1) * b.weight.float().norm(dim=0), keep)
-        self.layer.linear1 = _take_outputs(a, index)
-        self.layer.linear2 = _take_inputs(b, index, 1)
-        return True
-
-
-@dataclass
-class _AttentionHeads:
-    """A module with ``q_proj``, ``k_proj``, ``v_proj``, ``out_proj`` and ``num_heads``."""
-
-    module: nn.Module
-
-    @torch.no_grad()
-    def shrink(self, ratio: float) -> bool:
-        m = self.module
-        heads: int = m.num_heads
-        keep = _keep(heads, ratio)
-        if keep >= heads:
-            return False
-        v_rows = m.v_proj.weight.float().reshape(heads, -1)
-        out_cols = m.out_proj.weight.float().t().reshape(heads, -1)
-        kept = _top_units(v_rows.norm(dim=1) * out_cols.norm(dim=1), keep)
-        width = m.q_proj.out_features // heads
-        rows = (kept[:, None] * width + torch.arange(width, device=kept.device)).flatten()
-        m.q_proj = _take_outputs(m.q_proj, rows)
-        m.k_proj = _take_outputs(m.k_proj, rows)
-        m.v_proj = _take_outputs(m.v_proj, rows)
-        m.out_proj = _take_inputs(m.out_proj, rows, 1)
-        m.num_heads = keep
-        return True
-
-
-def _prunable_sites(model: nn.Module) -> list[_SequentialPair | _FeedForward | _AttentionHeads]:
-    sites: list[_SequentialPair | _FeedForward | _AttentionHeads] = []
-    for module in model.modules():
-        if isinstance(module, nn.Sequential):
-            sites.extend(_sequential_pairs(module))
-        elif isinstance(module, (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)):
-            a, b = module.linear1, module.linear2
-            if type(a) is nn.Linear and type(b) is nn.Linear and a.out_features == b.in_features:
-                sites.append(_FeedForward(module))
-        elif _is_head_prunable(module):
-            sites.append(_AttentionHeads(module))
-    return sites
-
-
-def _is_head_prunable(module: nn.Module) -> bool:
-    projections = [getattr(module, name, None) for name in ("q_proj", "k_proj", "v_proj", "out_proj")]
-    heads = getattr(module, "num_heads", None)
-    if not isinstance(heads, int) or heads < 2 or not all(type(p) is nn.Linear for p in projections):
-        return False
-    q, k, v, out = cast("list[nn.Linear]", projections)
-    return q.out_features == k.out_features == v.out_features == out.in_features and q.out_features % heads == 0
-
-
-def _sequential_pairs(seq: nn.Sequential) -> list[_SequentialPair]:
-    """Producer→consumer pairs among ``seq``'s children (see ``StructuredPrune``)."""
-    children = list(seq)
-    pairs = []
-    for i, first in enumerate(children):
-        if type(first) is nn.Linear:
-            units, norm_type, passthrough = first.out_features, nn.BatchNorm1d, ELEMENTWISE
-        elif type(first) is nn.Conv2d and first.groups == 1:
-            units, norm_type, passthrough = first.out_channels, nn.BatchNorm2d, _CHANNELWISE
-        else:
-            continue
-        j, norm = i + 1, None
-        while j < len(children):
-            child = children[j]
-            if type(child) is norm_type and norm is None and child.num_features == units:
-                norm = j
-            elif not isinstance(child, passthrough):
-                break
-            j += 1
-        flatten = (
-            type(first) is nn.Conv2d
-            and j < len(children)
-            and type(children[j]) is nn.Flatten
-            and children[j].start_dim == 1
-            and children[j].end_dim == -1
-        )
-        if flatten:
-            j += 1
-        second = children[j] if j < len(children) else None
-        block = 0
-        if type(first) is nn.Linear and type(second) is nn.Linear and second.in_features == units:
-            block = 1
-        elif flatten and type(second) is nn.Linear and second.in_features % units == 0:
-            block = second.in_features // units
-        elif not flatten and type(second) is nn.Conv2d and second.groups == 1 and second.in_channels == units:
-            block = 1
-        if block:
-            pairs.append(_SequentialPair(seq, i, j, norm, block))
-    return pairs
-
-
-def _input_norms(layer: nn.Module, units: int, block: int) -> torch.Tensor:
-    """L2 norm of the weights that read each of ``units`` inputs of ``layer`` (Linear or Conv2d)."""
-    weight = layer.weight.float()
-    if isinstance(layer, nn.Conv2d):
-        return weight.transpose(0, 1).flatten(1).norm(dim=1)
-    return weight.reshape(weight.shape[0], units, block).transpose(0, 1).flatten(1).norm(dim=1)
-
-
-def _norm_gain(norm: nn.BatchNorm1d | nn.BatchNorm2d) -> torch.Tensor:
-    """Per-feature multiplier a batch norm applies at inference: ``|gamma| / sqrt(var + eps)``."""
-    gain = torch.ones(norm.num_features, device=_device_of(norm))
-    if norm.affine:
-        gain = gain * norm.weight.float().abs()
-    if norm.running_var is not None:
-        gain = gain / (norm.running_var.float() + norm.eps).sqrt()
-    return gain
-
-
-def _float_state(norm: nn.Module) -> torch.Tensor | None:
-    return next((t for t in norm.state_dict().values() if t.is_floating_point()), None)
-
-
-def _device_of(norm: nn.Module) -> torch.device:
-    state = _float_state(norm)
-    return state.device if state is not None else torch.device("cpu")
-
-
-def _take_outputs(layer: nn.Module, index: torch.Tensor) -> nn.Module:
-    """A copy of ``layer`` (Linear or Conv2d) with only the output units/channels ``index``."""
-    if isinstance(layer, nn.Conv2d):
-        new = _conv_like(layer, layer.in_channels, len(index))
-    else:
-        new = _linear_like(layer, layer.in_features, len(index))
-    new.weight.copy_(layer.weight[index])
-    if layer.bias is not None:
-        new.bias.copy_(layer.bias[index])
-    return new
-
-
-def _take_inputs(layer: nn.Module, index: torch.Tensor, block: int) -> nn.Module:
-    """A copy of ``layer`` reading only the input units/channels ``index`` (``block`` columns each)."""
-    if isinstance(layer, nn.Conv2d):
-        new = _conv_like(layer, len(index), layer.out_channels)
-        new.weight.copy_(layer.weight[:, index])
-    else:
-        columns = (index[:, None] * block + torch.arange(block, device=index.device)).flatten()
-        new = _linear_like(layer, len(columns), layer.out_features)
-        new.weight.copy_(layer.weight[:, columns])
-    if layer.bias is not None:
-        new.bias.copy_(layer.bias)
-    return new
-
-
-# skip_init: the weights are overwritten at once, so spare the init work and the global RNG
-def _linear_like(linear: nn.Linear, in_features: int, out_features: int) -> nn.Linear:
-    return skip_init(
-        nn.Linear,
-        in_features,
-        out_features,
-        bias=linear.bias is not None,
-        device=linear.weight.device,
-        dtype=linear.weight.dtype,
-    )
-
-
-def _conv_like(conv: nn.Conv2d, in_channels: int, out_channels: int) -> nn.Conv2d:
-    return skip_init(
-        nn.Conv2d,
-        in_channels,
-        out_channels,
-        conv.kernel_size,
-        stride=conv.stride,
-        padding=conv.padding,
-        dilation=conv.dilation,
-        groups=1,
-        bias=conv.bias is not None,
-        padding_mode=conv.padding_mode,
-        device=conv.weight.device,
-        dtype=conv.weight.dtype,
-    )
-
-
-def _take_norm(norm: nn.BatchNorm1d | nn.BatchNorm2d, index: torch.Tensor) -> nn.Module:
-    new = type(norm)(
-        len(index),
-        eps=norm.eps,
-        momentum=norm.momentum,
-        affine=norm.affine,
-        track_running_stats=norm.track_running_stats,
-        device=_device_of(norm),
-        dtype=state.dtype if (state := _float_state(norm)) is not None else None,
-    )
-    if norm.affine:
-        new.weight.copy_(norm.weight[index])
-        new.bias.copy_(norm.bias[index])
-    if norm.running_mean is not None and norm.running_var is not None:
-        new.running_mean.copy_(norm.running_mean[index])
-        new.running_var.copy_(norm.running_var[index])
-        new.num_batches_tracked.copy_(norm.num_batches_tracked)
-    return new.train(norm.training)
