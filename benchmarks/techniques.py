@@ -4,7 +4,7 @@ Every configuration is measured in one process beside the uncompressed baseline 
 same run (same method: 662 timed calls, 50 warm-up, the given thread count), so the ratios compare
 like with like on a noisy machine. Prints a Markdown table per task for BENCHMARKS.md.
 
-    python benchmarks/techniques.py --task demo --task transformer [--threads 2]
+    python benchmarks/techniques.py --task demo --task transformer --task minilm --task resnet [--threads 2]
 """
 
 from __future__ import annotations
@@ -52,10 +52,22 @@ CONFIGS = {
     "minilm": [
         [],
         ["prune_unstructured:sparsity=0.5"],
+        ["prune_structured:ratio=0.25"],
         ["prune_structured:ratio=0.5"],
         ["lowrank:rank_ratio=0.5"],
         ["int8_dynamic"],
         ["prune_structured:ratio=0.25", "int8_dynamic"],
+    ],
+    "resnet": [
+        [],
+        ["prune_unstructured:sparsity=0.5"],
+        ["prune_structured:ratio=0.5"],
+        ["prune_structured:ratio=0.5", "finetune:steps=200,lr=0.001"],
+        ["prune_structured:ratio=0.625", "finetune:steps=400,lr=0.001"],
+        ["lowrank:rank_ratio=0.25"],
+        ["int8_dynamic"],
+        ["compile"],
+        ["prune_structured:ratio=0.5", "finetune:steps=200,lr=0.001", "compile"],
     ],
 }
 

@@ -32,6 +32,7 @@ BUILTIN_TASKS: dict[str, str] = {
     "demo": "pareto.tasks.demo:make_task",
     "transformer": "pareto.tasks.transformer:make_task",
     "minilm": "pareto.tasks.minilm:make_task",
+    "resnet": "pareto.tasks.resnet:make_task",
 }
 
 
