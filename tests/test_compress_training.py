@@ -188,3 +188,28 @@ def test_finetune_is_unavailable_without_train_data(task: Task) -> None:
 def test_training_inside_inference_mode_is_refused(task: Task) -> None:
     with torch.inference_mode(), pytest.raises(TechniqueError, match="inference_mode"):
         get_technique("finetune", {"steps": 1}).apply(copy.deepcopy(task.model), task)
+
+
+def test_finetune_without_labels_distils_from_the_uncompressed_model(task: Task) -> None:
+    assert task.train_data is not None
+    unlabelled = [(inputs, None) for inputs, _ in task.train_data]
+    encoder = Task(
+        name="no-labels",
+        model=task.model,
+        example_input=task.example_input,
+        evaluate=task.evaluate,
+        train_data=unlabelled,
+    )
+    before = {k: v.clone() for k, v in task.model.state_dict().items()}
+    prune = get_technique("prune_structured", {"ratio": 0.75})
+    pruned = apply(task.model, Config(techniques=(prune,), batch_size=8), encoder)
+    tuned = apply(task.model, Config(techniques=(prune, FineTune(steps=100, lr=1e-2)), batch_size=8), encoder)
+    x = torch.cat([inputs for inputs, _ in unlabelled])
+    with torch.inference_mode():
+        reference = task.model(x)
+        gap_pruned = nn.functional.mse_loss(pruned(x), reference).item()
+        gap_tuned = nn.functional.mse_loss(tuned(x), reference).item()
+    assert gap_tuned < gap_pruned / 2  # closer to the teacher's outputs, without a label
+    assert task.evaluate(tuned) > task.evaluate(pruned)
+    for key, value in task.model.state_dict().items():  # the teacher is left as it was
+        assert torch.equal(value, before[key]), key

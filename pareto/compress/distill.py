@@ -159,7 +159,7 @@ class Distill(Technique):
                         log_target=True,
                     )
                     loss = loss + self.alpha * t * t * kl  # T² keeps the gradient scale independent of T
-                if self.alpha < 1:
+                if self.alpha < 1 and targets is not None:  # an unlabelled item teaches by soft targets alone
                     loss = loss + (1 - self.alpha) * F.cross_entropy(logits, targets)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()

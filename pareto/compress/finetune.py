@@ -76,6 +76,18 @@ def _to(value: Any, device: torch.device) -> Any:
     return value.to(device) if isinstance(value, torch.Tensor) else value
 
 
+def _teacher_outputs(teacher: nn.Module, args: tuple[Any, ...], device: torch.device) -> torch.Tensor:
+    """The uncompressed model's outputs on ``args``, computed where it lives and brought to ``device``."""
+    where = model_device(teacher)
+    was_training = teacher.training
+    teacher.eval()
+    try:
+        out = teacher(*(a.to(where) if isinstance(a, torch.Tensor) else a for a in args))
+    finally:
+        teacher.train(was_training)
+    return out.to(device)
+
+
 def check_trainable(technique: Technique) -> None:
     """Raise TechniqueError when autograd is off for the caller (training needs it)."""
     if torch.is_inference_mode_enabled():
@@ -84,11 +96,14 @@ def check_trainable(technique: Technique) -> None:
 
 @register
 class FineTune(Technique):
-    """Train the compressed model for ``steps`` batches of the task's ``train_data`` (cross-entropy, Adam).
+    """Train the compressed model for ``steps`` batches of the task's ``train_data`` (Adam).
 
-    Recovers accuracy lost to pruning or low-rank factorization; runs before quantization. Weights
-    that are exactly zero when it starts (unstructured, 2:4 pruning) are held at zero after every
-    step, so sparsity is not undone. Deterministic (seeded; the caller's RNG state is restored).
+    Recovers accuracy lost to pruning or low-rank factorization; runs before quantization. An
+    ``(inputs, labels)`` item trains on cross-entropy with the labels; an ``(inputs, None)`` item, for
+    a task without labels (a sentence encoder, say), trains by distillation: mean squared error to
+    the uncompressed model's outputs on the same inputs (``task.model``, the teacher, left unchanged).
+    Weights that are exactly zero when it starts (unstructured, 2:4 pruning) are held at zero after
+    every step, so sparsity is not undone. Deterministic (seeded; the caller's RNG state is restored).
 
     Args:
         steps: Optimizer steps (batches); ``train_data`` is passed over again as needed.
@@ -97,7 +112,9 @@ class FineTune(Technique):
 
     name: ClassVar[str] = "finetune"
     family: ClassVar[Family] = "finetune"
-    summary: ClassVar[str] = "a bounded cross-entropy fine-tune on train_data; pruned zeros stay zero"
+    summary: ClassVar[str] = (
+        "bounded recovery training on train_data: labels, or the uncompressed model's outputs; zeros stay zero"
+    )
 
     steps: int = Field(default=100, ge=1, le=MAX_STEPS)
     lr: float = Field(default=1e-4, gt=0, le=1)
@@ -127,12 +144,19 @@ class FineTune(Technique):
         # the zeros a pruning step left in weight matrices; biases and vectors are never masks
         masks = [(p, p != 0) for p in params if p.dim() >= 2 and bool((p == 0).any())]
         device = model_device(model)
+        teacher = task.model
         optimizer = torch.optim.Adam(params, lr=self.lr)
         with seeded(device), torch.enable_grad():
             model.train()
             for args, targets in train_batches(task.train_data, self.steps, device, self):
                 optimizer.zero_grad(set_to_none=True)
-                loss = nn.functional.cross_entropy(model(*args), targets)
+                outputs = model(*args)
+                if targets is None:  # no labels: match the uncompressed model
+                    with torch.no_grad():
+                        wanted = _teacher_outputs(teacher, args, device)
+                    loss = nn.functional.mse_loss(outputs.float(), wanted.float())
+                else:
+                    loss = nn.functional.cross_entropy(outputs, targets)
                 loss.backward()
                 optimizer.step()
                 with torch.no_grad():
