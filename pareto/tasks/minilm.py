@@ -13,6 +13,10 @@ paraphrase, by a clear margin (cosine gap over the runner-up 0.06 at least, 0.47
 where nearest-neighbour agreement is the fraction of sentences whose nearest other sentence is the same
 one as under the reference model. The uncompressed model scores 1.0; the cosine term measures drift of
 every embedding, the neighbour term drift that changes what a search over the embeddings would return.
+
+``train_data`` is unlabelled text apart from ``SENTENCES`` (512 sentences put together from parts
+below, as ``(inputs, None)`` batches of 8): recovery training (``finetune``) on it distils from the
+uncompressed model's embeddings.
 """
 
 from __future__ import annotations
@@ -205,6 +209,65 @@ SENTENCES: tuple[str, ...] = (
 )
 
 
+#: Unlabelled text for recovery training (``finetune`` distils from the uncompressed model on it):
+#: sentences put together from the parts below, none of them among ``SENTENCES``, so that what a
+#: compressed model is trained on is not what it is scored on.
+_SUBJECTS = (
+    "The old fisherman",
+    "My neighbour",
+    "A young doctor",
+    "The city council",
+    "Our teacher",
+    "The small company",
+    "A tired traveller",
+    "The orchestra",
+    "Her grandfather",
+    "The research team",
+    "A local farmer",
+    "The new manager",
+    "Two students",
+    "The firefighters",
+    "A famous author",
+    "His sister",
+)
+_ACTIONS = (
+    "repaired the broken bridge",
+    "planted a row of apple trees",
+    "wrote a long letter",
+    "sold the house",
+    "painted the kitchen walls",
+    "opened a small bakery",
+    "studied ancient maps",
+    "fixed the bicycle",
+    "built a wooden boat",
+    "cancelled the meeting",
+    "visited the history museum",
+    "cooked a spicy soup",
+    "lost the car keys",
+    "found a rare coin",
+    "trained for the marathon",
+    "recorded a new song",
+    "argued about the budget",
+    "adopted a stray cat",
+    "climbed the steep hill",
+    "translated the old poem",
+)
+_ENDINGS = (
+    "before the storm arrived.",
+    "on a quiet Sunday morning.",
+    "after years of waiting.",
+    "with help from friends.",
+    "despite the heavy traffic.",
+    "near the river.",
+    "in the middle of winter.",
+    "for the first time.",
+    "without telling anyone.",
+    "while the children slept.",
+)
+TRAIN_SENTENCES_COUNT = 512
+TRAIN_BATCH = 8
+
+
 class SentenceEncoder(nn.Module):
     """A transformer followed by mean pooling over real tokens and L2 normalization (sentence-transformers' recipe).
 
@@ -241,6 +304,14 @@ def make_task() -> Task:
     )
     input_ids, attention_mask = padded["input_ids"], padded["attention_mask"]
     chunks = _length_chunks(input_ids, attention_mask)
+    train = tokenizer(
+        train_sentences(), padding="max_length", truncation=True, max_length=SEQUENCE_LENGTH, return_tensors="pt"
+    )
+    # (inputs, None): no labels, so recovery training distils from the uncompressed model
+    train_data = [
+        ((train["input_ids"][i : i + TRAIN_BATCH], train["attention_mask"][i : i + TRAIN_BATCH]), None)
+        for i in range(0, TRAIN_SENTENCES_COUNT, TRAIN_BATCH)
+    ]
     reference = _embed(model, chunks)
 
     def evaluate(candidate: nn.Module) -> float:
@@ -257,10 +328,19 @@ def make_task() -> Task:
         model=model,
         example_input=example_input,
         evaluate=evaluate,
-        train_data=None,
+        train_data=train_data,
         batch_size=BATCH_SIZE,
         attention=AttentionShape(layers=LAYERS, width=WIDTH, sequence=SEQUENCE_LENGTH, heads=HEADS),
     )
+
+
+def train_sentences() -> list[str]:
+    """``TRAIN_SENTENCES_COUNT`` distinct sentences from the parts above, in a fixed (seeded) order."""
+    import itertools
+    import random
+
+    every = [f"{s} {a} {e}" for s, a, e in itertools.product(_SUBJECTS, _ACTIONS, _ENDINGS)]
+    return random.Random(0).sample(every, TRAIN_SENTENCES_COUNT)
 
 
 def embedding_fidelity(embeddings: torch.Tensor, reference: torch.Tensor) -> tuple[float, float]:
