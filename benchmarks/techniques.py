@@ -112,10 +112,10 @@ def main() -> None:
                 continue
             baseline = baseline or m
             print(
-                f"| {config.describe()} | {m['compression_ratio']:.2f}× | {m['latency_p50_ms']:.3f} | "
-                f"{m['latency_p99_ms']:.3f} | {baseline['latency_p50_ms'] / m['latency_p50_ms']:.2f}× | "
-                f"{baseline['latency_p99_ms'] / m['latency_p99_ms']:.2f}× | {m['accuracy']:.4f} | "
-                f"{m['accuracy'] - baseline['accuracy']:+.4f} |",
+                f"| {config.describe()} | {m.compression_ratio:.2f}× | {m.latency_p50_ms:.3f} | "
+                f"{m.latency_p99_ms:.3f} | {baseline.latency_p50_ms / m.latency_p50_ms:.2f}× | "
+                f"{baseline.latency_p99_ms / m.latency_p99_ms:.2f}× | {m.accuracy:.4f} | "
+                f"{m.accuracy - baseline.accuracy:+.4f} |",
                 flush=True,
             )
 

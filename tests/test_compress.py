@@ -214,8 +214,13 @@ def test_lowrank_finds_a_head_behind_a_view_and_not_one_behind_a_softmax() -> No
 
 
 def test_lowrank_on_a_model_that_is_only_its_head_says_so() -> None:
+    model = nn.Linear(64, 64)
+    assert LowRank(rank_ratio=0.25).available("cpu", _task(model, 64)) == (
+        "the model's only nn.Linear layers are its head, which is kept (keep_head=false factorizes it)."
+    )
+    assert LowRank(rank_ratio=0.25, keep_head=False).available("cpu", _task(model, 64)) is None
     with pytest.raises(TechniqueError, match="the head is kept"):
-        LowRank(rank_ratio=0.25).apply(nn.Linear(64, 64), _task(nn.Linear(64, 64), 64))
+        LowRank(rank_ratio=0.25).apply(model, _task(model, 64))
 
 
 def test_lowrank_skips_layers_that_would_not_get_smaller() -> None:

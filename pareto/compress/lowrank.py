@@ -55,8 +55,18 @@ class LowRank(Technique):
         return self
 
     def available(self, device: str, task: Task | None = None) -> str | None:
-        if task is not None and not any(type(m) is nn.Linear for m in task.model.modules()):
+        if task is None:
+            return None
+        linears = [m for m in task.model.modules() if type(m) is nn.Linear]
+        if not linears:
             return "the model has no nn.Linear layer to factorize."
+        if self.keep_head:
+            try:
+                head = output_linears(task.model, task)
+            except TechniqueError as exc:
+                return str(exc)
+            if all(m in head for m in linears):
+                return "the model's only nn.Linear layers are its head, which is kept (keep_head=false factorizes it)."
         return None
 
     def apply(self, model: nn.Module, task: Task) -> nn.Module:
