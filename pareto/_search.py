@@ -15,7 +15,7 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import optuna
 from optuna.trial import TrialState
@@ -638,12 +638,17 @@ class _Objective:
             # sampler with its stored values again (a model-based sampler then knows where it stands;
             # shown as pruned instead, a Gaussian process loses the point and keeps proposing it), one
             # rejected early goes back as pruned, as it did the first time.
-            number, metrics = twin
+            number, metrics, lower = twin
             trial.set_user_attr("duplicate_of", number)
             outcome = TrialOutcome(trial.number, "DUPLICATE", config.describe(), metrics, repeat_of=number)
             if metrics:
                 return self._finish(trial, outcome)
             self.last = outcome
+            slo = self.setup.spec.slo.p99_ms
+            if lower is not None and slo is not None:
+                # the constraint the first time proved, again: pruned without it, TPE counts the trial
+                # as feasible and may propose the same configuration over and over
+                trial.set_constraint("p99_ms", (lower - slo) / slo)
             raise optuna.TrialPruned(f"same configuration as trial {number}, rejected early already")
         slo = self.setup.spec.slo.p99_ms
         reject = slo if self.setup.spec.search.early_reject and not config.is_baseline else None
@@ -679,7 +684,7 @@ class _Objective:
         self._store(row_id, result)
         return self._finish(trial, TrialOutcome(trial.number, "COMPLETE", config.describe(), result.metrics.to_dict()))
 
-    def _start(self, trial: optuna.Trial, config: Config) -> tuple[int, tuple[int, dict[str, Any]] | None]:
+    def _start(self, trial: optuna.Trial, config: Config) -> tuple[int, Twin | None]:
         """Store the trial as RUNNING; when the same configuration was measured here, mark it a duplicate."""
         with session_scope(self.bench.engine) as session:
             row = Trial(
@@ -702,10 +707,10 @@ class _Objective:
             stored = session.get(Trial, row_id)
             assert stored is not None
             stored.state, stored.finished_at = "DUPLICATE", utcnow()
-            stored.error = f"same configuration as trial {twin[0]}; not measured again"
+            stored.error = f"same configuration as trial {twin.number}; not measured again"
         return row_id, twin
 
-    def _twin(self, trial: optuna.Trial, key: str, row_id: int) -> tuple[int, dict[str, Any]] | None:
+    def _twin(self, trial: optuna.Trial, key: str, row_id: int) -> Twin | None:
         """The measurement of the same configuration here: stored already, rejected early against an SLO
         at least as tight as this run's, or being measured by another worker that started it first
         (waited for, so that no configuration is measured twice)."""
@@ -714,7 +719,7 @@ class _Objective:
             with session_scope(self.bench.engine) as session:
                 earlier = _measured_twin(session, self.setup.study_id, self.bench.env_id, key, row_id)
                 if earlier is not None:
-                    return earlier.trial.optuna_number, Metrics.from_row(earlier).to_dict()
+                    return Twin(earlier.trial.optuna_number, Metrics.from_row(earlier).to_dict(), None)
                 rejected = _rejected_twin(session, self.setup, key, row_id)
                 if rejected is not None:
                     return rejected
@@ -820,9 +825,16 @@ def _stored_sampler(session: Session, study_name: str) -> str | None:
     return None if spec is None else str((spec.get("search") or {}).get("sampler", "tpe"))
 
 
-def _rejected_twin(
-    session: Session, setup: SearchSetup, key: str, exclude_id: int
-) -> tuple[int, dict[str, Any]] | None:
+class Twin(NamedTuple):
+    """An earlier trial of the same configuration here: its number, its stored metrics ({} when it was
+    rejected early), and then the P99 lower bound that rejected it."""
+
+    number: int
+    metrics: dict[str, Any]
+    p99_lower_ms: float | None
+
+
+def _rejected_twin(session: Session, setup: SearchSetup, key: str, exclude_id: int) -> Twin | None:
     """A trial of the same configuration rejected early here against an SLO at least as tight as this
     run's: a repeat. Under a looser SLO it is measured again."""
     slo = setup.spec.slo.p99_ms
@@ -840,7 +852,7 @@ def _rejected_twin(
     for number, early in rows:
         lower = (early or {}).get("latency_p99_lower_ms")
         if lower is not None and lower > slo:
-            return number, {}
+            return Twin(number, {}, lower)
     return None
 
 

@@ -333,6 +333,11 @@ def test_a_configuration_over_the_slo_is_rejected_after_its_first_round(db_url: 
     # the same SLO again: the rejected configuration is a repeat, not measured again
     again = run_search(s, db_url=db_url)
     assert again.measured == 0 and again.rejected == 0 and again.repeats >= 1
+    # ...and shown to the sampler with the constraint the first time proved: pruned without one, TPE
+    # counts it feasible and proposes it over and over
+    repeats = [t for t in optuna.load_study(study_name="tiny", storage=db_url).trials if "duplicate_of" in t.user_attrs]
+    pruned_repeats = [t for t in repeats if t.state.name == "PRUNED"]
+    assert pruned_repeats and all(t.constraints["p99_ms"] == frozen.constraints["p99_ms"] for t in pruned_repeats)
     # a looser SLO: measured again, in full
     looser = run_search(
         spec(slo={"p99": "1s"}, search=s.search.model_dump(), space={"techniques": tight}), db_url=db_url
