@@ -199,9 +199,11 @@ def test_a_busy_machine_stores_no_verdict_and_hides_the_trial_from_the_sampler(
 
     monkeypatch.setattr(probe_module.ContentionProbe, "read", read)
     monkeypatch.setattr(search_module, "BUSY_WAIT_S", 0.5)
-    run_search(spec(search={"n_trials": 2, "seed": 1, "confirm_top": 0}), db_url=db_url)
+    # techniques that always apply to the tiny model: a trial that fails would count as tried
+    space = {"techniques": {"int8_dynamic": {}, "prune_unstructured": {"sparsity": {"low": 0.5, "high": 0.9}}}}
+    run_search(spec(search={"n_trials": 2, "seed": 1, "confirm_top": 0}, space=space), db_url=db_url)
     state["busy"] = True
-    result = run_search(spec(search={"n_trials": 3, "seed": 3}), db_url=db_url)
+    result = run_search(spec(search={"n_trials": 3, "seed": 3}, space=space), db_url=db_url)
     # the first busy trial, then a wait for the machine to quiet down that runs out: the search stops
     assert result.busy == 1 and result.trials_run == 1 and result.stopped_busy
     assert result.confirmation is None  # no confirmation on a busy machine
