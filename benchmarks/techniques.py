@@ -57,6 +57,9 @@ CONFIGS = {
         ["lowrank:rank_ratio=0.5"],
         ["int8_dynamic"],
         ["prune_structured:ratio=0.25", "int8_dynamic"],
+        ["prune_structured:ratio=0.25", "finetune:steps=200,lr=0.0001"],
+        ["prune_structured:ratio=0.25", "finetune:steps=200,lr=0.0001", "int8_dynamic"],
+        ["prune_structured:ratio=0.5", "finetune:steps=400,lr=0.0001", "int8_dynamic"],
     ],
     "resnet": [
         [],
