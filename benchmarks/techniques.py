@@ -1,8 +1,9 @@
 """Compression ratio against measured speedup, per technique and for a few combinations, per task.
 
-Every configuration is measured in one process beside the uncompressed baseline measured in the
-same run (same method: 662 timed calls, 50 warm-up, the given thread count), so the ratios compare
-like with like on a noisy machine. Prints a Markdown table per task for BENCHMARKS.md.
+Every configuration of a task is built first, then all of them are timed together with the
+uncompressed baseline in interleaved rounds (20 rounds of 34 calls each, a random order every round,
+50 warm-up calls, the given thread count): a slow spell of a shared machine falls on every row alike,
+so the ratios compare like with like. Prints a Markdown table per task for BENCHMARKS.md.
 
     python benchmarks/techniques.py --task demo --task transformer --task minilm --task resnet [--threads 2]
 """
@@ -16,10 +17,10 @@ import platform
 import torch
 
 from pareto.api import parse_technique_option
-from pareto.assess import assess
+from pareto.assess import build
 from pareto.compress import Config
+from pareto.measure.latency import RoundPlan, Timed, measure_interleaved
 from pareto.measure.memory import theoretical_bytes
-from pareto.spec import Measure
 from pareto.task import load_task
 
 CONFIGS = {
@@ -79,46 +80,53 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--task", action="append", default=None, choices=sorted(CONFIGS))
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--samples", type=int, default=662)
+    parser.add_argument("--samples", type=int, default=680)
+    parser.add_argument("--rounds", type=int, default=20)
     args = parser.parse_args()
-    measure = Measure(device="cpu", threads=args.threads, samples=args.samples, warmup=50, hardware=None)
+    plan = RoundPlan(samples=args.samples, rounds=args.rounds, warmup=50)
     print(
         f"{datetime.date.today()} · {platform.processor() or platform.machine()} · torch {torch.__version__} · "
-        f"{args.threads} threads · {args.samples} timed calls per row"
+        f"{args.threads} threads · {args.samples} timed calls per row in {args.rounds} rounds, every row "
+        "interleaved with the others in a random order each round"
     )
+    torch.set_num_threads(args.threads)
     for name in args.task or ["demo"]:
         task = load_task(name)
         base_bytes = theoretical_bytes(task.model)
+        rows: list[tuple[str, object]] = []  # (description, built model or the reason it is not)
+        for options in CONFIGS[name]:
+            config = Config(techniques=tuple(parse_technique_option(o) for o in options), batch_size=task.batch_size)
+            reason = next((t.available("cpu", task) for t in config.techniques if t.available("cpu", task)), None)
+            if reason:
+                rows.append((config.describe(), f"unavailable: {reason}"))
+                continue
+            try:
+                model, _, _ = build(task, config, "cpu")
+            except Exception as exc:  # report the failure in the table and carry on with the next row
+                rows.append((config.describe(), f"failed: {type(exc).__name__}: {exc}"))
+                continue
+            rows.append((config.describe(), model))
+        built = [(d, m) for d, m in rows if isinstance(m, torch.nn.Module)]
+        x = task.example_input(task.batch_size)
+        timed = measure_interleaved([Timed(m, x) for _, m in built], device="cpu", plan=plan, threads=args.threads)
+        latency = {d: r.summary for (d, _), r in zip(built, timed, strict=True)}
+        base = latency[built[0][0]]  # the first row is the baseline
+        base_accuracy = task.evaluate(built[0][1])
         print(f"\n### {name} (batch {task.batch_size})\n")
         print(
             "| configuration | compression (theory) | p50 ms | p99 ms | speedup p50 | speedup p99 | accuracy | Δ accuracy |"
         )
         print("|---|---:|---:|---:|---:|---:|---:|---:|")
-        baseline = None
-        for options in CONFIGS[name]:
-            config = Config(techniques=tuple(parse_technique_option(o) for o in options), batch_size=task.batch_size)
-            reason = next((t.available("cpu", task) for t in config.techniques if t.available("cpu", task)), None)
-            if reason:
-                print(f"| {config.describe()} | — | — | — | — | — | — | unavailable: {reason} |")
+        for description, model in rows:
+            if not isinstance(model, torch.nn.Module):
+                print(f"| {description} | — | — | — | — | — | — | {model} |")
                 continue
-            try:
-                m = assess(
-                    task,
-                    config,
-                    device="cpu",
-                    threads=args.threads,
-                    measure=measure,
-                    baseline_theoretical_bytes=base_bytes,
-                ).metrics
-            except Exception as exc:  # report the failure in the table and carry on with the next row
-                print(f"| {config.describe()} | — | — | — | — | — | — | failed: {type(exc).__name__}: {exc} |")
-                continue
-            baseline = baseline or m
+            lat = latency[description]
+            accuracy = task.evaluate(model)
             print(
-                f"| {config.describe()} | {m.compression_ratio:.2f}× | {m.latency_p50_ms:.3f} | "
-                f"{m.latency_p99_ms:.3f} | {baseline.latency_p50_ms / m.latency_p50_ms:.2f}× | "
-                f"{baseline.latency_p99_ms / m.latency_p99_ms:.2f}× | {m.accuracy:.4f} | "
-                f"{m.accuracy - baseline.accuracy:+.4f} |",
+                f"| {description} | {base_bytes / theoretical_bytes(model):.2f}× | {lat.p50_ms:.3f} | "
+                f"{lat.p99_ms:.3f} | {base.p50_ms / lat.p50_ms:.2f}× | {base.p99_ms / lat.p99_ms:.2f}× | "
+                f"{accuracy:.4f} | {accuracy - base_accuracy:+.4f} |",
                 flush=True,
             )
 
