@@ -245,6 +245,69 @@ def test_multi_head_self_attention_matches_torch() -> None:
         torch.testing.assert_close(ours(x), theirs(x, x, x, need_weights=False)[0], rtol=1e-4, atol=1e-5)
 
 
+class _InputResidual(nn.Module):
+    """``head(x + fc2(relu(fc1(x))))``: the residual channels are the input's own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.head = nn.Linear(16, 64), nn.Linear(64, 16), nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(x + self.fc2(torch.relu(self.fc1(x))))
+
+
+def test_a_residual_stream_that_starts_at_the_input_keeps_its_width() -> None:
+    torch.manual_seed(0)
+    model = _InputResidual().eval()
+    pruned = StructuredPrune(ratio=0.5).apply(copy.deepcopy(model), _task(model))
+    assert (pruned.fc1.in_features, pruned.fc2.out_features, pruned.head.in_features) == (16, 16, 16)
+    assert pruned.fc1.out_features == pruned.fc2.in_features == 32  # the hidden units still go
+    assert _forward(pruned, torch.randn(2, 16)).shape == (2, 3)
+
+
+class _WithBuffer(nn.Module):
+    """A fixed encoding added to the channels: a buffer, invisible to the trace."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj, self.head = nn.Linear(16, 32), nn.Linear(32, 3)
+        self.register_buffer("encoding", torch.randn(32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.proj(x) + self.encoding))
+
+
+def test_a_coupling_the_trace_cannot_see_is_caught_and_said() -> None:
+    model = _WithBuffer().eval()
+    reason = StructuredPrune(ratio=0.5).available("cpu", _task(model))
+    assert reason is not None and reason.startswith("the pruned model no longer runs on example_input(1)")
+    with pytest.raises(TechniqueError, match="a buffer added to them"):
+        apply(model, Config(techniques=(StructuredPrune(ratio=0.5),), batch_size=1), _task(model))
+
+
+class _Tied(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(50, 32)
+        self.fc1, self.fc2 = nn.Linear(32, 64), nn.Linear(64, 32)
+        self.out = nn.Linear(32, 50, bias=False)
+        self.out.weight = self.embed.weight  # the output layer reads the embedding's weights
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.out(self.fc2(torch.relu(self.fc1(self.embed(ids)))))
+
+
+def test_tied_weights_stay_tied() -> None:
+    model = _Tied().eval()
+    ids = torch.randint(0, 50, (2, 5))
+    task = Task(name="tied", model=model, example_input=lambda b: ids[:b], evaluate=lambda m: 0.0)
+    for technique in (StructuredPrune(ratio=0.5), StructuredPrune(ratio=0.5, width_ratio=0.5)):
+        pruned = technique.apply(copy.deepcopy(model), task)
+        assert pruned.out.weight is pruned.embed.weight and pruned.embed.embedding_dim == 32
+        assert pruned.fc1.out_features == pruned.fc2.in_features == 32  # the hidden units still go
+        assert pruned(ids).shape == (2, 5, 50)
+
+
 def test_structured_prune_on_a_model_whose_every_channel_is_output_says_so() -> None:
     model = nn.Sequential(nn.Linear(16, 8), nn.ReLU())
     task = _task(model)

@@ -150,12 +150,15 @@ def output_linears(model: nn.Module, task: Task) -> set[nn.Module]:
     device = model_device(model)
     inputs = task.example_input(1)
     args = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+    training = model.training
+    model.eval()  # a model in train mode would update its batch-norm statistics
     try:
         with torch.inference_mode():
             result = model(*(a.to(device) if isinstance(a, torch.Tensor) else a for a in args))
     except Exception as exc:  # the task's model or input is user code
         raise TechniqueError(f"finding the model's head: the model failed on example_input(1): {exc}") from exc
     finally:
+        model.train(training)
         for handle in handles:
             handle.remove()
     pointers = {t.untyped_storage().data_ptr() for t in _tensors(result)}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib.util
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -105,11 +106,13 @@ class StructuredPrune(Technique):
             return "structured pruning needs the torch-pruning package (pip install torch-pruning)."
         if task is None:
             return None
+        # a trial run on a copy: tracing can miss a coupling, and then only running the result tells
         try:
-            plan = _plan(task.model, task, self)
+            self.apply(copy.deepcopy(task.model), task)
         except TechniqueError as exc:
-            return str(exc).removeprefix(f"{self.describe()}: ")
-        return None if plan.prunable else _NO_GROUP
+            reason = str(exc).removeprefix(f"{self.describe()}: ")
+            return None if reason == _TOO_SMALL else reason
+        return None
 
     def apply(self, model: nn.Module, task: Task) -> nn.Module:
         """Return ``model`` with narrower layers wherever a group of coupled channels can shrink.
@@ -133,6 +136,7 @@ class StructuredPrune(Technique):
             for proj in site.projections
         }
         before = sum(p.numel() for p in model.parameters())
+        ties = _ties(model)
         with _traceable(model, self):
             pruner = tp.pruner.BasePruner(
                 model,
@@ -145,14 +149,60 @@ class StructuredPrune(Technique):
                 prune_num_heads=bool(num_heads),
                 prune_head_dims=False,
                 head_pruning_ratio_dict=head_ratios,
-                forward_fn=_call,
+                forward_fn=_Marked(),
             )
-            pruner.step()
+            try:
+                pruner.step()
+            except Exception as exc:  # a layer type Torch-Pruning traces but cannot cut (an LSTM's, say)
+                raise TechniqueError(f"{self.describe()}: pruning failed: {type(exc).__name__}: {exc}") from exc
         for site in plan.heads:
             site.update(pruner.num_heads[site.projections[0]])
+        if ties and _ties(model) != ties:
+            raise TechniqueError(
+                f"{self.describe()}: the model ties weights between layers ({_tie_text(ties)}); "
+                "pruning one side would untie them."
+            )
         if sum(p.numel() for p in model.parameters()) == before:
-            raise TechniqueError(f"{self.describe()}: the ratio is too small to remove any channel, unit or head.")
+            raise TechniqueError(f"{self.describe()}: {_TOO_SMALL}")
+        _check_runs(model, plan.args, self)
         return model
+
+
+_TOO_SMALL = "the ratio is too small to remove any channel, unit or head."
+
+
+def _ties(model: nn.Module) -> list[tuple[str, ...]]:
+    """Names sharing one parameter (tied weights), as sorted tuples; [] for a model without ties."""
+    names: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    return sorted(tuple(sorted(n)) for n in names.values() if len(n) > 1)
+
+
+def _tie_text(ties: list[tuple[str, ...]]) -> str:
+    return "; ".join(" = ".join(group) for group in ties)
+
+
+def _check_runs(model: nn.Module, args: tuple[Any, ...], technique: Technique) -> None:
+    """Run the pruned model once: a coupling the trace cannot see leaves shapes that do not fit.
+
+    What the trace misses: a tensor without autograd history joined to the channels (a buffer such
+    as a fixed positional encoding added to them), or an attention layout pareto does not know (a
+    fused qkv projection, grouped-query attention), whose heads are then cut as plain channels.
+    """
+    training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            model(*args)
+    except Exception as exc:  # the point is to catch whatever breaks
+        raise TechniqueError(
+            f"{technique.describe()}: the pruned model no longer runs on example_input(1) ({type(exc).__name__}: "
+            f"{exc}); something the trace cannot see couples its channels (a buffer added to them, a fused "
+            "or grouped-query attention layout)."
+        ) from exc
+    finally:
+        model.train(training)
 
 
 _NO_GROUP = (
@@ -229,9 +279,10 @@ def _plan(model: nn.Module, task: Task, technique: StructuredPrune) -> _Plan:
     args = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
     args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
     keep_width = technique.width_ratio is None
+    marked = _Marked()
     try:
         with _traceable(model, technique):
-            graph = tp.DependencyGraph().build_dependency(model, example_inputs=args, forward_fn=_call)
+            graph = tp.DependencyGraph().build_dependency(model, example_inputs=args, forward_fn=marked)
     except TechniqueError:
         raise
     except Exception as exc:  # the model's forward is user code
@@ -242,9 +293,17 @@ def _plan(model: nn.Module, task: Task, technique: StructuredPrune) -> _Plan:
     # nodes nothing reads: the model's outputs (a layer's own, or an op Torch-Pruning marks as output)
     terminals = {n.module for n in graph.module2node.values() if not n.outputs and n.module in layers}
     outputs = {n.module for n in graph.module2node.values() if isinstance(n.module, tp.ops._OutputOp)}
-    # layers reading the model's input (nothing upstream of them was traced)
+    # layers reading the model's input (nothing upstream of them was traced), and the marks on it
     sources = {n.module for n in graph.module2node.values() if not n.inputs and n.module in layers}
+    inputs_seen = {n.module for n in graph.module2node.values() if n.grad_fn in marked.grad_fns}
     embeddings = {m for m in graph.module2node if isinstance(m, nn.Embedding)}
+    # layers sharing a weight (an output layer tied to the embedding): the trace sees two layers, and
+    # cutting one side would untie them
+    owners: dict[int, list[nn.Module]] = {}
+    for module in layers:
+        for p in module.parameters(recurse=False):
+            owners.setdefault(id(p), []).append(module)
+    tied = {m for group in owners.values() if len(group) > 1 for m in group}
     kept: list[nn.Module] = []
     roots: list[tuple[nn.Module, int]] = []
     width: list[tuple[nn.Module, int]] = []
@@ -258,13 +317,14 @@ def _plan(model: nn.Module, task: Task, technique: StructuredPrune) -> _Plan:
             # whose output channels are its input channels)
             narrows = (
                 narrows
+                or target in inputs_seen
                 or target in outputs
                 or (target in terminals and out)
                 or (target in sources and (not out or getattr(target, "groups", 1) > 1))
             )
         root = group[0].dep.target.module
         channels = int(graph.get_out_channels(root) or 0)
-        if narrows or (touched & embeddings and keep_width):
+        if narrows or touched & tied or (touched & embeddings and keep_width):
             kept.append(root)
         elif touched & embeddings:
             width.append((root, channels))
@@ -273,13 +333,30 @@ def _plan(model: nn.Module, task: Task, technique: StructuredPrune) -> _Plan:
     return _Plan(args, kept, roots, width, _head_sites(model))
 
 
-_ROOTS = (nn.modules.conv._ConvNd, nn.Linear, nn.LSTM)
+_ROOTS = (nn.modules.conv._ConvNd, nn.Linear)
 
 
-def _call(model: nn.Module, args: tuple[Any, ...]) -> Any:
-    # Torch-Pruning's own call retries with the tuple as one argument when the first call raises,
-    # which hides the model's real error behind a confusing one
-    return model(*args)
+class _Marked:
+    """Torch-Pruning's ``forward_fn``: the model called on its inputs, each floating-point one marked.
+
+    The trace follows autograd history, and a raw input has none: channels that flow from the input
+    straight into a residual add or a norm would look free to cut. Multiplying the input by one
+    gives it a node every reader shares, so such channels join one group, which ``_plan`` keeps.
+    (Torch-Pruning's own call also retries with the tuple as one argument when the first call
+    raises, which hides the model's real error.)
+    """
+
+    def __init__(self) -> None:
+        self.grad_fns: set[Any] = set()
+
+    def __call__(self, model: nn.Module, args: tuple[Any, ...]) -> Any:
+        marked = []
+        for a in args:
+            if isinstance(a, torch.Tensor) and a.is_floating_point():
+                a = a.detach().requires_grad_(True) * 1.0
+                self.grad_fns.add(a.grad_fn)
+            marked.append(a)
+        return model(*marked)
 
 
 def _exact_ratio(ratio: float, units: int, *, removed_rounds_up: bool = False) -> float:
