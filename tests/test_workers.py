@@ -88,9 +88,15 @@ def test_local_workers_share_one_study(db_url: str, tmp_path: Path) -> None:
 
 
 def test_a_worker_killed_mid_trial_is_failed_and_retried(db_url: str, tmp_path: Path) -> None:
+    # techniques that always apply to the tiny model: the retried trial must be able to complete
+    (tmp_path / "space.yaml").write_text(
+        "space:\n  techniques:\n    int8_dynamic: {}\n    prune_unstructured:\n      sparsity: {low: 0.5, high: 0.9}\n"
+    )
     made = _pareto(
         "studies",
         "create",
+        "--config",
+        "space.yaml",
         "--task",
         "tests.tiny_task:make_slowable_task",
         "--study",
@@ -103,6 +109,8 @@ def test_a_worker_killed_mid_trial_is_failed_and_retried(db_url: str, tmp_path: 
     slow = {"PARETO_HEARTBEAT_S": "1", "PARETO_TEST_SLOWDOWN_MS": "3"}
     args = [
         "search",
+        "--config",
+        "space.yaml",
         "--task",
         "tests.tiny_task:make_slowable_task",
         "--study",
