@@ -173,13 +173,18 @@ def test_structured_prune_removes_attention_heads_and_ffn_units() -> None:
     torch.testing.assert_close(_forward(pruned, x), _forward(reference, x), rtol=1e-4, atol=1e-5)
 
 
-def test_structured_prune_removes_heads_and_ffn_width_of_a_hugging_face_bert_and_keeps_its_width() -> None:
+def _tiny_bert(layers: int) -> nn.Module:
+    """A Hugging Face BertModel: width 32, 4 heads, feed-forward 64, vocabulary 50, no pooler."""
     transformers = pytest.importorskip("transformers")
     config = transformers.BertConfig(
-        vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64
+        vocab_size=50, hidden_size=32, num_hidden_layers=layers, num_attention_heads=4, intermediate_size=64
     )
     torch.manual_seed(0)
-    bert = transformers.BertModel(config, add_pooling_layer=False).eval()
+    return transformers.BertModel(config, add_pooling_layer=False).eval()
+
+
+def test_structured_prune_removes_heads_and_ffn_width_of_a_hugging_face_bert_and_keeps_its_width() -> None:
+    bert = _tiny_bert(2)
 
     class Encoder(nn.Module):
         def __init__(self) -> None:
@@ -206,12 +211,7 @@ def test_structured_prune_removes_heads_and_ffn_width_of_a_hugging_face_bert_and
 
 
 def test_width_ratio_prunes_the_embedding_width_too() -> None:
-    transformers = pytest.importorskip("transformers")
-    config = transformers.BertConfig(
-        vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64
-    )
-    torch.manual_seed(0)
-    bert = transformers.BertModel(config, add_pooling_layer=False).eval()
+    bert = _tiny_bert(1)
 
     class Classifier(nn.Module):
         def __init__(self) -> None:

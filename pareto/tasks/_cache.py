@@ -86,3 +86,34 @@ def classification_task(
         return x_test[torch.arange(batch_size) % len(x_test)]
 
     return Task(name=name, model=model, example_input=example_input, evaluate=evaluate, **task_fields)
+
+
+def minibatches(x: torch.Tensor, y: torch.Tensor, size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``(inputs, labels)`` slices of ``size`` rows, in order (the last one may be shorter)."""
+    return [(x[i : i + size], y[i : i + size]) for i in range(0, len(x), size)]
+
+
+def fit_classifier(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    optimizer: torch.optim.Optimizer,
+    *,
+    epochs: int,
+    batch_size: int,
+    schedule: torch.optim.lr_scheduler.LRScheduler | None = None,
+) -> None:
+    """Cross-entropy training, a fresh shuffle each epoch, ``schedule`` stepped per batch.
+
+    Draws from torch's global RNG: callers seed it inside ``torch.random.fork_rng``.
+    """
+    loss_fn = nn.CrossEntropyLoss()
+    model.train()
+    for _ in range(epochs):
+        order = torch.randperm(len(x))
+        for inputs, targets in minibatches(x[order], y[order], batch_size):
+            optimizer.zero_grad()
+            loss_fn(model(inputs), targets).backward()
+            optimizer.step()
+            if schedule is not None:
+                schedule.step()

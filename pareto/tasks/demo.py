@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from pareto.task import Task
-from pareto.tasks._cache import cache_path, classification_task, trained_model
+from pareto.tasks._cache import cache_path, classification_task, fit_classifier, minibatches, trained_model
 
 #: Hidden width of the three hidden layers (64 -> W -> W -> W -> 10).
 HIDDEN_WIDTH = 1024
@@ -34,7 +34,7 @@ def make_task() -> Task:
         model,
         x_test,
         y_test,
-        train_data=_batches(x_train, y_train),
+        train_data=minibatches(x_train, y_train, TRAIN_BATCH_SIZE),
         batch_size=BATCH_SIZE,
     )
 
@@ -71,25 +71,13 @@ def _digits() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     )
 
 
-def _batches(x: torch.Tensor, y: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    starts = range(0, len(x), TRAIN_BATCH_SIZE)
-    return [(x[i : i + TRAIN_BATCH_SIZE], y[i : i + TRAIN_BATCH_SIZE]) for i in starts]
-
-
 def _train(x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
     """Train deterministically; the caller's global RNG state is left untouched."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SEED)
         model = _build_model()
         optimizer = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE)
-        loss_fn = nn.CrossEntropyLoss()
-        model.train()
-        for _ in range(EPOCHS):
-            order = torch.randperm(len(x))
-            for inputs, targets in _batches(x[order], y[order]):
-                optimizer.zero_grad()
-                loss_fn(model(inputs), targets).backward()
-                optimizer.step()
+        fit_classifier(model, x, y, optimizer, epochs=EPOCHS, batch_size=TRAIN_BATCH_SIZE)
     return model.state_dict()
 
 

@@ -8,13 +8,14 @@ structured pruning has to keep consistent. Served at batch 32, where the convolu
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from pareto.task import Task
-from pareto.tasks._cache import cache_path, classification_task, trained_model
+from pareto.tasks._cache import cache_path, classification_task, fit_classifier, minibatches, trained_model
 
 #: Channels of the stem and the first block; the second block has twice as many.
 WIDTH = 64
@@ -70,7 +71,7 @@ def make_task() -> Task:
         model,
         x_test,
         y_test,
-        train_data=_batches(x_train, y_train),
+        train_data=minibatches(x_train, y_train, TRAIN_BATCH_SIZE),
         batch_size=BATCH_SIZE,
     )
 
@@ -92,28 +93,15 @@ def _digits() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     return tensor(x_train), torch.tensor(y_train), tensor(x_test), torch.tensor(y_test)
 
 
-def _batches(x: torch.Tensor, y: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    starts = range(0, len(x), TRAIN_BATCH_SIZE)
-    return [(x[i : i + TRAIN_BATCH_SIZE], y[i : i + TRAIN_BATCH_SIZE]) for i in starts]
-
-
 def _train(x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
     """Train deterministically (Adam, cosine schedule); the caller's global RNG state is left untouched."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SEED)
         model = ResNet()
         optimizer = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE)
-        steps = EPOCHS * len(_batches(x, y))
+        steps = EPOCHS * math.ceil(len(x) / TRAIN_BATCH_SIZE)
         schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps)
-        loss_fn = nn.CrossEntropyLoss()
-        model.train()
-        for _ in range(EPOCHS):
-            order = torch.randperm(len(x))
-            for inputs, targets in _batches(x[order], y[order]):
-                optimizer.zero_grad()
-                loss_fn(model(inputs), targets).backward()
-                optimizer.step()
-                schedule.step()
+        fit_classifier(model, x, y, optimizer, epochs=EPOCHS, batch_size=TRAIN_BATCH_SIZE, schedule=schedule)
     return model.state_dict()
 
 

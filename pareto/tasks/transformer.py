@@ -13,6 +13,7 @@ low-rank factorization all have something to act on.
 
 from __future__ import annotations
 
+import math
 import random
 from pathlib import Path
 
@@ -20,7 +21,7 @@ import torch
 from torch import nn
 
 from pareto.task import AttentionShape, Task
-from pareto.tasks._cache import cache_path, classification_task, trained_model
+from pareto.tasks._cache import cache_path, classification_task, fit_classifier, minibatches, trained_model
 
 CLASSES = 4
 VOCAB_SIZE = 64
@@ -97,7 +98,7 @@ def make_task() -> Task:
         model,
         x_test,
         y_test,
-        train_data=_batches(x_train, y_train),
+        train_data=minibatches(x_train, y_train, TRAIN_BATCH_SIZE),
         batch_size=BATCH_SIZE,
         attention=AttentionShape(layers=LAYERS, width=WIDTH, sequence=SEQUENCE_LENGTH, heads=HEADS),
     )
@@ -143,11 +144,6 @@ def _build_model() -> TransformerClassifier:
     )
 
 
-def _batches(x: torch.Tensor, y: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    starts = range(0, len(x), TRAIN_BATCH_SIZE)
-    return [(x[i : i + TRAIN_BATCH_SIZE], y[i : i + TRAIN_BATCH_SIZE]) for i in starts]
-
-
 def _train(x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
     """Train deterministically (AdamW, linear warm-up, cosine decay); the caller's RNG state is left untouched."""
     threads = torch.get_num_threads()
@@ -158,7 +154,7 @@ def _train(x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
             torch.manual_seed(SEED)
             model = _build_model()
             optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.01)
-            steps = EPOCHS * len(_batches(x, y))
+            steps = EPOCHS * math.ceil(len(x) / TRAIN_BATCH_SIZE)
             schedule = torch.optim.lr_scheduler.SequentialLR(
                 optimizer,
                 [
@@ -167,15 +163,7 @@ def _train(x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
                 ],
                 milestones=[WARMUP_STEPS],
             )
-            loss_fn = nn.CrossEntropyLoss()
-            model.train()
-            for _ in range(EPOCHS):
-                order = torch.randperm(len(x))
-                for inputs, targets in _batches(x[order], y[order]):
-                    optimizer.zero_grad()
-                    loss_fn(model(inputs), targets).backward()
-                    optimizer.step()
-                    schedule.step()
+            fit_classifier(model, x, y, optimizer, epochs=EPOCHS, batch_size=TRAIN_BATCH_SIZE, schedule=schedule)
     finally:
         torch.set_num_threads(threads)
     return model.state_dict()
