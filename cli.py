@@ -23,7 +23,7 @@ from pareto._cli.options import (
     study_option,
 )
 from pareto.errors import ParetoError, UsageError
-from pareto.naming import SAMPLER_HELP, SamplerName
+from pareto.naming import BACKENDS, SAMPLER_HELP, SamplerName
 from pareto.units import format_ms
 
 
@@ -57,6 +57,14 @@ def cli() -> None:
     default=None,
     help="Stop timing a configuration after its first round when its P99 is over the SLO with confidence "
     "(stored as pruned, accuracy not evaluated) [default on].",
+)
+@click.option(
+    "--backend",
+    "backends",
+    type=click.Choice(BACKENDS),
+    multiple=True,
+    help="Where configurations are served and measured: eager, compile (torch.compile) or onnxruntime "
+    "(ONNX export, ORT CPU); repeat it to let the sampler choose [default eager]. The baseline stays eager.",
 )
 @click.option("--device", help="auto, cpu, cuda or cuda:N [default auto].")
 @click.option("--threads", type=click.IntRange(min=1), help="Intra-op threads while timing [default torch's].")
@@ -111,6 +119,7 @@ def search(
 
     overrides = {key: flags[flag] for key, flag in _SPEC_FLAGS.items()}
     overrides["objectives"] = flags["objectives"].split(",") if flags["objectives"] else None
+    overrides["space.backend"] = list(flags["backends"]) or None
     spec = load_stored_spec(spec_json) if spec_json else load_spec(config_path, overrides)
     if flags["no_guard"]:
         spec = spec.model_copy(update={"measure": spec.measure.model_copy(update={"contention_limit": None})})
@@ -488,6 +497,13 @@ def history(study: str | None, db: str | None, as_json: bool) -> None:
 @click.option("--study", help="With --trial: the study whose stored trial to measure again.")
 @click.option("--trial", type=click.IntRange(min=0), help="Measure this stored trial again with its stored method.")
 @click.option("--batch-size", type=click.IntRange(min=1), help="Batch size [default: the task's].")
+@click.option(
+    "--backend",
+    type=click.Choice(BACKENDS),
+    default="eager",
+    show_default=True,
+    help="Serve the configuration with PyTorch (eager), torch.compile (compile) or ONNX Runtime (onnxruntime).",
+)
 @click.option("--slo-p99", type=DURATION, help="Judge the P99 against this bound, e.g. 7ms.")
 @click.option("--hardware", default="auto", show_default=True, help="Roofline profile, host, auto or none.")
 @click.option("--device", help="auto, cpu, cuda or cuda:N [default auto; with --trial: the stored one].")
@@ -528,6 +544,7 @@ def measure(
     study: str | None,
     trial: int | None,
     batch_size: int | None,
+    backend: str,
     slo_p99: str | None,
     hardware: str,
     device: str | None,
@@ -555,6 +572,7 @@ def measure(
         task,
         techniques=techniques,
         batch_size=batch_size,
+        backend=backend,
         slo_p99=slo_p99,
         hardware=None if hardware.lower() == "none" else hardware,
         device=device or "auto",
@@ -676,7 +694,7 @@ def techniques(device: str, task: str | None, as_json: bool) -> None:
         title="Techniques (applied in this order: distill → prune → lowrank → finetune → quantize → compile)",
         title_justify="left",
     )
-    for column in ("name", "family", "parameters", "available", "what it does / why not"):
+    for column in ("name", "family", "parameters", "backends", "available", "what it does / why not"):
         table.add_column(column, overflow="fold")
     for t in listing:
         params = "\n".join(f"{k}: {v}" for k, v in t["parameters"].items()) or "—"
@@ -684,10 +702,16 @@ def techniques(device: str, task: str | None, as_json: bool) -> None:
             t["name"],
             t["family"],
             params,
+            "all" if len(t["backends"]) == len(BACKENDS) else ", ".join(t["backends"]),
             "[green]yes[/]" if t["available"] else "[red]no[/]",
             escape(t["summary"] if t["available"] else t["reason"]),
         )
     out.print(table)
+    out.print(
+        "backends: where a configuration with the technique can be served (pareto search --backend); "
+        "the techniques run in order on the PyTorch model, then it is compiled or exported to ONNX "
+        "Runtime, then ort_int8_dynamic quantizes the exported graph."
+    )
 
 
 @cli.group()

@@ -49,7 +49,15 @@ EXIT_TEMPFAIL = 75
 #: Below this much time left after re-measuring, the job runs no new trials.
 MIN_SEARCH_S = 30.0
 #: The fingerprint fields whose change makes a new environment, with their names in the summary.
-ENVIRONMENT_FIELDS = ("device_name", "driver", "torch_version", "cpu_model", "threads", "hostname")
+ENVIRONMENT_FIELDS = (
+    "device_name",
+    "driver",
+    "torch_version",
+    "cpu_model",
+    "threads",
+    "hostname",
+    "onnxruntime_version",
+)
 
 
 @dataclass

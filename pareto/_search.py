@@ -35,7 +35,7 @@ from pareto._runs import (
     stored_metrics,
 )
 from pareto.assess import Rejected, assess, build, check_input_fits, remeasured, round_plan
-from pareto.compress import Config, get_technique
+from pareto.compress import Backend, Config, backend_reason, get_technique
 from pareto.confirmation import ConfirmResult, confirm_pick, load_candidates
 from pareto.errors import MachineBusy, NoFeasibleConfiguration, TechniqueError, UsageError
 from pareto.frontier import (
@@ -138,6 +138,8 @@ class SearchSetup:
     techniques: dict[str, dict[str, Any]]
     constraints: Constraints
     baseline_theoretical_bytes: int
+    #: where the configurations are served and measured (the baseline is always eager)
+    backends: tuple[Backend, ...] = ("eager",)
 
 
 def run_search(spec: SearchSpec, *, db_url: str, reporter: Reporter | None = None) -> SearchResult:
@@ -175,7 +177,12 @@ def run_search(spec: SearchSpec, *, db_url: str, reporter: Reporter | None = Non
 def prepare(spec: SearchSpec, db_url: str, reporter: Reporter) -> SearchSetup:
     task = load_task(spec.task)
     bench = open_bench(db_url, task, spec.measure)
-    techniques, skipped = _available_techniques(spec, bench.device, task)
+    backends: tuple[Backend, ...] = tuple(spec.space.backend or ["eager"])
+    for backend in backends:
+        reason = backend_reason(backend, bench.device)
+        if reason is not None:
+            raise UsageError(f"Backend {backend} cannot serve here: {reason.rstrip('.')}.")
+    techniques, skipped = _available_techniques(spec, bench.device, task, backends)
     for name, reason in skipped:
         reporter.notice(f"Skipping technique {name}: {reason}")
     check_input_fits(task)
@@ -202,6 +209,7 @@ def prepare(spec: SearchSpec, db_url: str, reporter: Reporter) -> SearchSetup:
         techniques=techniques,
         constraints=constraints_of(spec),
         baseline_theoretical_bytes=theoretical_bytes(task.model),
+        backends=backends,
     )
 
 
@@ -224,6 +232,7 @@ def optuna_study(setup: SearchSetup, db_url: str) -> optuna.Study:
         batch_sizes=setup.batch_sizes,
         techniques=setup.techniques,
         grid_points=search.grid_points,
+        backends=setup.backends,
     )
     study = optuna.create_study(
         study_name=setup.spec.study_name,
@@ -478,8 +487,8 @@ def _optimize(setup: SearchSetup, run: RunHandle, study: optuna.Study, reporter:
 def _space_size(setup: SearchSetup) -> int | None:
     """Distinct configurations the sampler can propose; None when unbounded (a range without a step)."""
     if setup.spec.search.sampler == "grid":
-        return len(grid_of(setup.batch_sizes, setup.techniques, setup.spec.search.grid_points))
-    return space_size(setup.batch_sizes, setup.techniques)
+        return len(grid_of(setup.batch_sizes, setup.techniques, setup.spec.search.grid_points, setup.backends))
+    return space_size(setup.batch_sizes, setup.techniques, setup.backends)
 
 
 def _tried_here(setup: SearchSetup) -> int:
@@ -631,7 +640,9 @@ class _Objective:
         self.flat = setup.spec.search.sampler in FLAT
 
     def __call__(self, trial: optuna.Trial) -> tuple[float, ...]:
-        config = suggest(trial, self.setup.batch_sizes, self.setup.techniques, flat=self.flat)
+        config = suggest(
+            trial, self.setup.batch_sizes, self.setup.techniques, flat=self.flat, backends=self.setup.backends
+        )
         row_id, twin = self._start(trial, config)
         if twin is not None:
             # a repeat: answered from the database and not counted. A measured one is reported to the
@@ -789,12 +800,21 @@ class _Objective:
 
 
 def _available_techniques(
-    spec: SearchSpec, device: str, task: Task
+    spec: SearchSpec, device: str, task: Task, backends: tuple[Backend, ...] = ("eager",)
 ) -> tuple[dict[str, dict[str, Any]], list[tuple[str, str]]]:
     usable, skipped = {}, []
     for name, space in spec.space.techniques.items():
         probe = {p: (s.low if isinstance(s, Range) else s[0]) for p, s in space.items()}
-        reason = get_technique(name, probe).available(device, task)
+        technique = get_technique(name, probe)
+        if not set(backends) & set(technique.backends):
+            # one that works on another backend's graph (ORT's quantizer) is in the default space for
+            # that backend: left out without a word; a PyTorch technique left out is worth one
+            if not technique.on_graph:
+                where = " or ".join(technique.backends)
+                served = ", ".join(backends)
+                skipped.append((name, f"it runs on the {where} backend; this search serves on {served}."))
+            continue
+        reason = technique.available(device, task)
         if reason is None:
             usable[name] = space
         else:

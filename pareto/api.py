@@ -471,6 +471,7 @@ def measure(
     *,
     techniques: list[str] | tuple[str, ...] = (),
     batch_size: int | None = None,
+    backend: str = "eager",
     slo_p99: str | float | None = None,
     hardware: str | None = "auto",
     device: str = "auto",
@@ -490,6 +491,8 @@ def measure(
         task: Built-in task name or ``package.module:factory``.
         techniques: ``"name"`` or ``"name:key=value,key=value"`` each, e.g. ``"prune_structured:ratio=0.5"``.
         batch_size: Defaults to the task's own.
+        backend: Where the configuration is served and measured: ``"eager"``, ``"compile"`` or
+            ``"onnxruntime"`` (the baseline beside it is always the uncompressed model on eager).
         hardware: Roofline profile: a name from ``pareto hardware``, ``host``, ``auto`` or None.
         rounds: Rounds the ``samples`` calls are split into; the contention probe runs between them.
         contention_limit: Probe slowdown over its quiet time that discards a round; None: no guard.
@@ -504,7 +507,10 @@ def measure(
     Raises:
         UsageError: bad task, option, batch size or device; MachineBusy: the machine stayed busy.
     """
+    from pydantic import ValidationError
+
     from pareto.compress import Config
+    from pareto.naming import BACKENDS
     from pareto.task import load_task
 
     p99_ms = _duration(slo_p99)
@@ -524,7 +530,13 @@ def measure(
         hardware=hardware,
         adaptive_budget=adaptive_budget,
     )
-    config = Config(techniques=chosen, batch_size=batch_size or loaded.batch_size)
+    if backend not in BACKENDS:
+        raise UsageError(f"Unknown backend {backend!r}; known backends: {', '.join(BACKENDS)}.")
+    try:
+        config = Config(techniques=chosen, batch_size=batch_size or loaded.batch_size, backend=backend)
+    except ValueError as exc:  # a technique that does not run on this backend
+        message = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
+        raise UsageError(message.removeprefix("Value error, ").rstrip(".") + ".") from None
     return _measure_beside_baseline(loaded, config, settings, p99_ms, db)
 
 
@@ -539,12 +551,15 @@ def _measure_beside_baseline(
     task: Any, config: Any, settings: Any, p99_ms: float | None, db: str | None
 ) -> dict[str, Any]:
     from pareto.assess import build, check_input_fits, complete, round_plan
-    from pareto.compress import Config
+    from pareto.compress import Config, backend_reason
     from pareto.measure.environment import environment_key
     from pareto.measure.latency import Timed, measure_interleaved
     from pareto.measure.memory import theoretical_bytes
 
     bench = _read_only_bench(task, settings, db)
+    reason = backend_reason(config.backend, bench["device"])
+    if reason is not None:
+        raise UsageError(f"Backend {config.backend} cannot serve here: {reason.rstrip('.')}.")
     for technique in config.techniques:
         reason = technique.available(bench["device"], task)
         if reason is not None:

@@ -266,7 +266,10 @@ def _other_axes(
     return (
         accuracy,
         {
-            "method": METHOD_SEPARATOR.join([memory.method, cost.method]),
+            # a model served by another runtime says how (ONNX Runtime: its version, provider, threads)
+            "method": METHOD_SEPARATOR.join(
+                filter(None, [getattr(model, "pareto_serving", None), memory.method, cost.method])
+            ),
             "params_bytes": stored_bytes,
             "theoretical_bytes": ideal_bytes,
             "activation_bytes": memory.activation_bytes,

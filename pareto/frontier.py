@@ -87,10 +87,11 @@ class Candidate:
     measurement_id: int | None = None  #: the stored row the metrics come from (not part of ``to_dict``)
 
     def to_dict(self) -> dict[str, Any]:
+        """As every JSON answer shows it; ``config.backend`` is always named there (stored: only when not eager)."""
         return {
             "study": self.study,
             "trial": self.trial,
-            "config": self.config,
+            "config": {**self.config, "backend": self.config.get("backend", "eager")},
             "metrics": self.metrics,
             "slo": self.slo,
             "confirmation": self.confirmation,

@@ -298,7 +298,8 @@ def _constraints(
 
 
 def _is_baseline(row: dict[str, Any]) -> bool:
-    return not (row.get("config") or {}).get("techniques")
+    config = row.get("config") or {}
+    return not config.get("techniques") and config.get("backend", "eager") == "eager"
 
 
 def _baseline(rows: list[dict[str, Any]], focus: dict[str, Any] | None) -> dict[str, Any] | None:

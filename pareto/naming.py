@@ -7,6 +7,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+#: Where a configuration is served and measured: PyTorch as it is, under ``torch.compile``, or as an
+#: ONNX export in ONNX Runtime's CPU execution provider.
+Backend = Literal["eager", "compile", "onnxruntime"]
+BACKENDS: tuple[Backend, ...] = ("eager", "compile", "onnxruntime")
+
 
 def describe_technique(name: str, params: dict[str, Any]) -> str:
     """``prune_structured(ratio=0.375)``: floats to three significant digits, no parentheses when bare."""
@@ -15,8 +20,15 @@ def describe_technique(name: str, params: dict[str, Any]) -> str:
 
 
 def describe_config(config: dict[str, Any], *, with_batch: bool = True) -> str:
-    """A stored configuration (``Config.to_dict()``): ``int8_dynamic + lowrank(rank_ratio=0.2) @ batch 256``."""
+    """A stored configuration (``Config.to_dict()``): ``int8_dynamic + lowrank(rank_ratio=0.2) @ batch 256``.
+
+    A backend other than eager follows the techniques: ``ort_int8_dynamic on onnxruntime @ batch 1``;
+    the uncompressed model on one reads ``uncompressed on onnxruntime``.
+    """
     body = " + ".join(describe_technique(t["name"], t.get("params") or {}) for t in config.get("techniques", []))
+    backend = config.get("backend", "eager")
+    if backend != "eager":
+        body = f"{body or 'uncompressed'} on {backend}"
     body = body or "baseline"
     return f"{body} @ batch {config['batch_size']}" if with_batch else body
 

@@ -20,15 +20,15 @@ import itertools
 import math
 import warnings
 from collections.abc import Sequence
-from typing import Any, get_args
+from typing import Any, cast, get_args
 
 import optuna
 from optuna.distributions import BaseDistribution
 from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
 
-from pareto.compress import Config, Technique, get_technique
-from pareto.naming import SamplerName
+from pareto.compress import Config, Technique, get_technique, registry
+from pareto.naming import Backend, SamplerName
 from pareto.spec import Range, Search
 
 SAMPLERS: tuple[str, ...] = get_args(SamplerName)
@@ -52,6 +52,7 @@ def make_sampler(
     batch_sizes: Sequence[int] = (),
     techniques: Techniques | None = None,
     grid_points: int = DEFAULT_GRID_POINTS,
+    backends: Sequence[Backend] = ("eager",),
 ) -> BaseSampler:
     """The Optuna sampler called ``name`` (one of ``SAMPLERS``); the grid needs the space."""
     with warnings.catch_warnings():
@@ -73,22 +74,42 @@ def make_sampler(
         if name == "qmc":
             return optuna.samplers.QMCSampler(qmc_type="sobol", scramble=True, seed=seed)
         if name == "grid":
-            return GridSampler(grid(batch_sizes, techniques or {}, grid_points), seed=seed)
+            return GridSampler(grid(batch_sizes, techniques or {}, grid_points, backends), seed=seed)
     raise ValueError(f"unknown sampler {name!r}; known: {', '.join(SAMPLERS)}")
 
 
-def suggest(trial: optuna.Trial, batch_sizes: Sequence[int], techniques: Techniques, *, flat: bool = False) -> Config:
-    """Draw one configuration (see the module's docstring for ``flat``)."""
+def suggest(
+    trial: optuna.Trial,
+    batch_sizes: Sequence[int],
+    techniques: Techniques,
+    *,
+    flat: bool = False,
+    backends: Sequence[Backend] = ("eager",),
+) -> Config:
+    """Draw one configuration (see the module's docstring for ``flat``).
+
+    Unless ``backends`` is eager alone, the backend is drawn first (parameter ``backend``) and only the
+    techniques that run on it are drawn; a queued baseline (user attribute ``pareto_baseline``) is
+    always the uncompressed model on eager.
+    """
     batch_size = trial.suggest_categorical("batch_size", list(batch_sizes))
+    if "pareto_baseline" in trial.user_attrs:
+        backend: Backend = "eager"
+    elif tuple(backends) != ("eager",):  # a parameter even when alone: the eager baseline is not this trial
+        backend = cast("Backend", trial.suggest_categorical("backend", list(backends)))
+    else:
+        backend = "eager"
     chosen: list[Technique] = []
     for name, space in techniques.items():
+        if backend not in registry()[name].backends:
+            continue
         on = trial.suggest_categorical(name, [False, True])
         if not (on or flat):
             continue
         params = {pname: _suggest_param(trial, f"{name}.{pname}", pspace) for pname, pspace in space.items()}
         if on:
             chosen.append(get_technique(name, params))
-    return Config(techniques=tuple(chosen), batch_size=batch_size)
+    return Config(techniques=tuple(chosen), batch_size=batch_size, backend=backend)
 
 
 def _suggest_param(trial: optuna.Trial, label: str, space: Any) -> Any:
@@ -110,43 +131,63 @@ def range_points(space: Range, points: int = DEFAULT_GRID_POINTS) -> list[float]
     return [space.low, *inner, space.high]  # the ends exactly: no rounding past a bound
 
 
-def grid(batch_sizes: Sequence[int], techniques: Techniques, points: int = DEFAULT_GRID_POINTS) -> list[dict[str, Any]]:
+def grid(
+    batch_sizes: Sequence[int],
+    techniques: Techniques,
+    points: int = DEFAULT_GRID_POINTS,
+    backends: Sequence[Backend] = ("eager",),
+) -> list[dict[str, Any]]:
     """Every distinct configuration of the space's steps, as Optuna parameters (conditional form).
 
-    A technique contributes "off" plus one entry per combination of its parameters' values.
+    A technique contributes "off" plus one entry per combination of its parameters' values; with
+    several backends, each backend with the techniques that run on it.
     """
-    per_technique: list[list[dict[str, Any]]] = []
-    for name, space in techniques.items():
-        names = list(space)
-        values = [range_points(s, points) if isinstance(s, Range) else list(s) for s in space.values()]
-        options: list[dict[str, Any]] = [{name: False}]
-        for combo in itertools.product(*values):
-            options.append({name: True, **{f"{name}.{p}": v for p, v in zip(names, combo, strict=True)}})
-        per_technique.append(options)
     result = []
-    for batch_size in batch_sizes:
-        for parts in itertools.product(*per_technique):
-            params: dict[str, Any] = {"batch_size": batch_size}
-            for part in parts:
-                params.update(part)
-            result.append(params)
+    for backend in backends:
+        per_technique: list[list[dict[str, Any]]] = []
+        for name, space in _runs_on(techniques, backend).items():
+            names = list(space)
+            values = [range_points(s, points) if isinstance(s, Range) else list(s) for s in space.values()]
+            options: list[dict[str, Any]] = [{name: False}]
+            for combo in itertools.product(*values):
+                options.append({name: True, **{f"{name}.{p}": v for p, v in zip(names, combo, strict=True)}})
+            per_technique.append(options)
+        for batch_size in batch_sizes:
+            for parts in itertools.product(*per_technique):
+                params: dict[str, Any] = {"batch_size": batch_size}
+                if tuple(backends) != ("eager",):
+                    params["backend"] = backend
+                for part in parts:
+                    params.update(part)
+                result.append(params)
     return result
 
 
-def space_size(batch_sizes: Sequence[int], techniques: Techniques) -> int | None:
+def space_size(
+    batch_sizes: Sequence[int], techniques: Techniques, backends: Sequence[Backend] = ("eager",)
+) -> int | None:
     """How many distinct configurations the space holds; None when a range has no step (unbounded)."""
-    total = len(batch_sizes)
-    for space in techniques.values():
-        combos = 1
-        for pspace in space.values():
-            if isinstance(pspace, Range):
-                if pspace.step is None:
-                    return None
-                combos *= len(range_points(pspace))
-            else:
-                combos *= len(pspace)
-        total *= 1 + combos
-    return total
+    overall = 0
+    for backend in backends:
+        total = len(batch_sizes)
+        for space in _runs_on(techniques, backend).values():
+            combos = 1
+            for pspace in space.values():
+                if isinstance(pspace, Range):
+                    if pspace.step is None:
+                        return None
+                    combos *= len(range_points(pspace))
+                else:
+                    combos *= len(pspace)
+            total *= 1 + combos
+        overall += total
+    return overall
+
+
+def _runs_on(techniques: Techniques, backend: Backend) -> Techniques:
+    """The techniques of a space that a configuration served on ``backend`` can use."""
+    known = registry()
+    return {name: space for name, space in techniques.items() if backend in known[name].backends}
 
 
 class GridSampler(BaseSampler):

@@ -21,7 +21,7 @@ from pydantic import (
 
 from pareto.errors import UsageError
 from pareto.frontier import DEFAULT_OBJECTIVE_NAMES
-from pareto.naming import SamplerName
+from pareto.naming import Backend, SamplerName
 from pareto.regression import DEFAULT_P_VALUE as DEFAULT_REGRESSION_P_VALUE
 from pareto.regression import DEFAULT_THRESHOLD as DEFAULT_REGRESSION_THRESHOLD
 from pareto.slo import DEFAULT_CONFIDENCE, DEFAULT_CONTENTION_LIMIT, DEFAULT_ROUNDS, MIN_CONFIDENCE, MIN_SAMPLES_P99
@@ -95,6 +95,8 @@ class Space(_Strict):
     """Which batch sizes and techniques (with their parameter spaces) the search may combine."""
 
     batch_size: list[Annotated[int, Field(ge=1)]] | None = None
+    #: where configurations are served and measured; several: the sampler chooses (unsaid: eager)
+    backend: list[Backend] | None = None
     # unsaid: the default techniques; an explicit empty mapping searches the batch size alone
     techniques: dict[str, dict[str, ParamSpace]] = Field(
         default_factory=lambda: copy.deepcopy(DEFAULT_SPACE["techniques"]), validate_default=True
@@ -105,6 +107,8 @@ class Space(_Strict):
         from pareto.compress.base import get_technique, registry
 
         techniques = registry()
+        if self.backend is not None and (not self.backend or len(set(self.backend)) != len(self.backend)):
+            raise ValueError(f"backend lists {self.backend or 'nothing'}: name each backend once")
         for name, params in self.techniques.items():
             cls = techniques.get(name)
             if cls is None:
@@ -262,6 +266,8 @@ DEFAULT_SPACE: dict[str, Any] = {
         "prune_unstructured": {"sparsity": {"low": 0.5, "high": 0.95}},
         "prune_structured": {"ratio": {"low": 0.2, "high": 0.9}},
         "lowrank": {"rank_ratio": {"low": 0.05, "high": 0.5}},
+        # searched only when configurations are served on onnxruntime (pareto search --backend onnxruntime)
+        "ort_int8_dynamic": {"per_channel": [False, True]},
     },
 }
 

@@ -7,24 +7,30 @@ from pareto.compress import (  # noqa: F401  (register the techniques)
     distill,
     finetune,
     lowrank,
+    onnxrt,
     prune,
     quantize,
 )
 from pareto.compress.base import (
+    BACKENDS,
     CANONICAL_ORDER,
+    Backend,
     Technique,
     describe_techniques,
     get_technique,
     register,
     registry,
 )
-from pareto.compress.pipeline import Config, apply
+from pareto.compress.pipeline import Config, apply, backend_reason
 
 __all__ = [
+    "BACKENDS",
     "CANONICAL_ORDER",
+    "Backend",
     "Config",
     "Technique",
     "apply",
+    "backend_reason",
     "describe_techniques",
     "get_technique",
     "register",

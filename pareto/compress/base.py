@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict
 from pydantic.fields import FieldInfo
 
 from pareto.errors import UsageError
-from pareto.naming import describe_technique
+from pareto.naming import BACKENDS, Backend, describe_technique
 
 if TYPE_CHECKING:
     import torch
@@ -47,6 +47,10 @@ class Technique(BaseModel):
     example: ClassVar[dict[str, Any]] = {}
     #: Rank within the family when several of its techniques are combined (then by name).
     order_in_family: ClassVar[int] = 0
+    #: The backends a configuration with this technique can be served on.
+    backends: ClassVar[tuple[Backend, ...]] = BACKENDS
+    #: Applied to the served graph after the backend's conversion (ORT's quantizer), not to the PyTorch module.
+    on_graph: ClassVar[bool] = False
 
     def available(self, device: str, task: Task | None = None) -> str | None:
         """Return why this technique cannot run on ``device`` ("cpu", "cuda:0") for ``task``, or None if it can.
@@ -116,9 +120,10 @@ def get_technique(name: str, params: dict[str, Any] | None = None) -> Technique:
 def describe_techniques(device: str, task: Task | None = None) -> list[dict[str, Any]]:
     """Every registered technique with its parameters and whether it can run on ``device`` for ``task``.
 
-    Each entry is ``{"name", "family", "summary", "parameters", "available", "reason", "backend"}``;
+    Each entry is ``{"name", "family", "summary", "parameters", "available", "reason", "backend", "backends"}``;
     ``parameters`` maps each parameter to a short type/range text, ``backend`` names the library
-    whose kernels would run (None where the technique does not say or cannot run). Entries come in canonical
+    whose kernels would run (None where the technique does not say or cannot run), ``backends`` the
+    serving backends a configuration with it can use. Entries come in canonical
     family order, then by name. Availability is judged on the technique built from its defaults
     and ``example`` values.
 
@@ -141,6 +146,7 @@ def describe_techniques(device: str, task: Task | None = None) -> list[dict[str,
                 "available": reason is None,
                 "reason": reason,
                 "backend": technique.backend(device) if reason is None else None,
+                "backends": list(cls.backends),
             }
         )
     return listing

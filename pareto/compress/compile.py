@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal, cast
 import torch
 from torch import nn
 
-from pareto.compress.base import Family, Technique, model_device, register
+from pareto.compress.base import Backend, Family, Technique, model_device, register
 from pareto.errors import TechniqueError
 
 if TYPE_CHECKING:
@@ -58,6 +58,8 @@ class Compile(Technique):
     """
 
     name: ClassVar[str] = "compile"
+    #: on the compile backend every configuration is compiled already; an ONNX graph is not a torch module
+    backends: ClassVar[tuple[Backend, ...]] = ("eager",)
     family: ClassVar[Family] = "compile"
     summary: ClassVar[str] = "torch.compile (TorchInductor) in a given mode; compile time kept apart from latency"
 

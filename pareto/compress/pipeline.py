@@ -1,4 +1,4 @@
-"""A configuration (techniques + batch size) and the one verb that applies it."""
+"""A configuration (techniques, batch size, serving backend) and the one verb that applies it."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import hashlib
 import json
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from pareto.compress.base import Technique, canonical_key, get_technique
+from pareto.compress.base import Backend, Technique, canonical_key, get_technique
 from pareto.errors import TechniqueError
 from pareto.naming import describe_config
 
@@ -21,12 +21,19 @@ if TYPE_CHECKING:
 
 
 class Config(BaseModel):
-    """One point of the search space: which techniques, with which parameters, at which batch size."""
+    """One point of the search space: which techniques, with which parameters, at which batch size, served how.
+
+    ``backend`` is where the configuration runs when measured and served: ``"eager"`` (PyTorch as it
+    is), ``"compile"`` (``torch.compile``, default mode, after every technique) or ``"onnxruntime"``
+    (exported to ONNX and run by ONNX Runtime's CPU execution provider). The baseline is the
+    uncompressed model on ``"eager"``: speedups are against the model as the user has it.
+    """
 
     model_config = ConfigDict(frozen=True)
 
     techniques: tuple[Technique, ...] = ()
     batch_size: int = Field(ge=1)
+    backend: Backend = "eager"
 
     @field_validator("techniques")
     @classmethod
@@ -36,20 +43,32 @@ class Config(BaseModel):
             raise ValueError(f"a technique appears twice in {names}")
         return tuple(sorted(value, key=canonical_key))
 
+    @model_validator(mode="after")
+    def _served_where_it_runs(self) -> Config:
+        for technique in self.techniques:
+            if self.backend not in technique.backends:
+                where = " or ".join(technique.backends)
+                raise ValueError(f"{technique.name} runs on the {where} backend, not on {self.backend}")
+        return self
+
     @property
     def is_baseline(self) -> bool:
-        return not self.techniques
+        return not self.techniques and self.backend == "eager"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        """Stored and hashed; ``backend`` only when it is not ``"eager"``, so eager keys stay as they were."""
+        data: dict[str, Any] = {
             "batch_size": self.batch_size,
             "techniques": [{"name": t.name, "params": t.params()} for t in self.techniques],
         }
+        if self.backend != "eager":
+            data["backend"] = self.backend
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Config:
         techniques = tuple(get_technique(t["name"], t.get("params")) for t in data.get("techniques", []))
-        return cls(techniques=techniques, batch_size=data["batch_size"])
+        return cls(techniques=techniques, batch_size=data["batch_size"], backend=data.get("backend", "eager"))
 
     def key(self) -> str:
         """Content hash of the configuration: equal configs share a key."""
@@ -64,6 +83,8 @@ def apply(model: nn.Module, config: Config, task: Task, *, device: str | None = 
     """Return a compressed copy of ``model``; the original is never modified.
 
     Techniques see ``task`` with ``batch_size`` set to the configuration's (``compile`` warms up on it).
+    Then the model is put on the configuration's backend (compiled, or exported to ONNX Runtime),
+    and the techniques that work on the served graph (``on_graph``: ORT's quantizer) follow.
 
     Args:
         model: The uncompressed model.
@@ -73,21 +94,63 @@ def apply(model: nn.Module, config: Config, task: Task, *, device: str | None = 
             where ``model`` is. CUDA-only techniques (``prune_2_4``, ``int4_weight_only``) need it.
 
     Raises:
-        TechniqueError: a technique broke on this model (the reason is kept).
+        TechniqueError: a technique broke on this model, or the backend cannot serve it (the reason is kept).
     """
     compressed = copy.deepcopy(model).eval()
     if device is not None:
         compressed = compressed.to(device)
     served = dataclasses.replace(task, batch_size=config.batch_size)
-    for technique in config.techniques:
-        try:
-            compressed = technique.apply(compressed, served)
-        except TechniqueError:
-            raise
-        except Exception as exc:  # a model that breaks under a technique fails the trial, reason kept
-            raise TechniqueError(f"{technique.describe()} failed on this model: {type(exc).__name__}: {exc}") from exc
+    on_module = [t for t in config.techniques if not t.on_graph]
+    for technique in on_module:
+        compressed = _apply_one(technique, compressed, served)
         _route_around_fused_encoder_kernel(compressed)  # before the next technique (compile) sees it
+    compressed = _serve(compressed, config, served)
+    for technique in config.techniques:
+        if technique.on_graph:
+            compressed = _apply_one(technique, compressed, served)
     return compressed.eval()
+
+
+def _apply_one(technique: Technique, model: nn.Module, task: Task) -> nn.Module:
+    try:
+        return technique.apply(model, task)
+    except TechniqueError:
+        raise
+    except Exception as exc:  # a model that breaks under a technique fails the trial, reason kept
+        raise TechniqueError(f"{technique.describe()} failed on this model: {type(exc).__name__}: {exc}") from exc
+
+
+def backend_reason(backend: str, device: str) -> str | None:
+    """Why configurations cannot be served on ``backend`` on ``device`` ("cpu", "cuda:0") here, or None."""
+    if backend == "compile":
+        import torch
+
+        from pareto.compress.compile import _compile_reason
+
+        return _compile_reason(torch.device(device).type)
+    if backend == "onnxruntime":
+        from pareto.compress.onnxrt import device_reason
+
+        return device_reason(device)
+    return None
+
+
+def _serve(model: nn.Module, config: Config, task: Task) -> nn.Module:
+    """``model`` on the configuration's backend; the build seconds stay on it as ``pareto_compile_s``."""
+    if config.backend == "compile":
+        from pareto.compress.compile import Compile
+
+        try:
+            return Compile().apply(model, task)
+        except TechniqueError as exc:
+            raise TechniqueError(f"the compile backend: {exc}") from exc
+        except Exception as exc:  # a model torch.compile cannot compile fails the trial, reason kept
+            raise TechniqueError(f"the compile backend failed on this model: {type(exc).__name__}: {exc}") from exc
+    if config.backend == "onnxruntime":
+        from pareto.compress.onnxrt import to_onnxruntime
+
+        return to_onnxruntime(model, task)
+    return model
 
 
 def _route_around_fused_encoder_kernel(model: nn.Module) -> None:

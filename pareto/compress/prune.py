@@ -15,7 +15,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.nn.utils import prune as torch_prune
 
-from pareto.compress.base import Family, Technique, cuda_capability, model_device, register
+from pareto.compress.base import Backend, Family, Technique, cuda_capability, model_device, register
 from pareto.errors import TechniqueError
 
 if TYPE_CHECKING:
@@ -447,6 +447,8 @@ class TwoFourPrune(Technique):
     """
 
     name: ClassVar[str] = "prune_2_4"
+    #: semi-structured sparse tensors: the ONNX exporter has no mapping for them
+    backends: ClassVar[tuple[Backend, ...]] = ("eager", "compile")
     family: ClassVar[Family] = "prune"
     summary: ClassVar[str] = "2 of every 4 Linear weights zeroed and packed for Sparse Tensor Cores (CUDA, sm80+)"
     # packed weights cannot be pruned further: after structured and unstructured pruning

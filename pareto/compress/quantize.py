@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import torch
 from torch import nn
 
-from pareto.compress.base import Family, Technique, cuda_capability, register
+from pareto.compress.base import Backend, Family, Technique, cuda_capability, register
 from pareto.compress.prune import semi_structured_linears, to_dense_weights, to_semi_structured_weights
 from pareto.errors import TechniqueError
 
@@ -152,6 +152,8 @@ class Int8Dynamic(Technique):
     """
 
     name: ClassVar[str] = "int8_dynamic"
+    #: torch.ao / torchao modules and tensor subclasses: the ONNX exporter has no mapping for them
+    backends: ClassVar[tuple[Backend, ...]] = ("eager", "compile")
     family: ClassVar[Family] = "quantize"
     summary: ClassVar[str] = "int8 weights, activations quantized per batch on the fly, every nn.Linear"
 
@@ -216,6 +218,8 @@ class Int8WeightOnly(Technique):
     """
 
     name: ClassVar[str] = "int8_weight_only"
+    #: torch.ao / torchao modules and tensor subclasses: the ONNX exporter has no mapping for them
+    backends: ClassVar[tuple[Backend, ...]] = ("eager", "compile")
     family: ClassVar[Family] = "quantize"
     summary: ClassVar[str] = "int8 weights, floating-point activations, every nn.Linear (torchao)"
 
@@ -253,6 +257,8 @@ class Int4WeightOnly(Technique):
     """
 
     name: ClassVar[str] = "int4_weight_only"
+    #: torch.ao / torchao modules and tensor subclasses: the ONNX exporter has no mapping for them
+    backends: ClassVar[tuple[Backend, ...]] = ("eager", "compile")
     family: ClassVar[Family] = "quantize"
     summary: ClassVar[str] = "int4 grouped weights, bfloat16 activations, nn.Linear (torchao, CUDA)"
 

@@ -128,8 +128,13 @@ def arithmetic_intensity(flops: float, bytes_: float) -> float:
 
 
 def compute_cost(model: nn.Module, inputs: torch.Tensor | Sequence[Any]) -> ComputeCost:
-    """FLOPs, bytes moved and arithmetic intensity from one forward pass (see ``count_flops``, ``bytes_moved``)."""
-    trace = _trace(model, inputs)
+    """FLOPs, bytes moved and arithmetic intensity from one forward pass (see ``count_flops``, ``bytes_moved``).
+
+    An ONNX Runtime module's FLOPs are counted on the module it was exported from (ORT's kernels are
+    not visible to torch); its bytes moved use the served graph's weights.
+    """
+    source = getattr(model, "pareto_source", None)
+    trace = _trace(source if isinstance(source, nn.Module) else model, inputs)
     moved = bytes_moved(model, inputs, trace.outputs)
     return ComputeCost(
         flops=trace.flops,
@@ -195,6 +200,9 @@ def compute_dtype(model: nn.Module) -> str:
     fp32 on a GPU may run as TF32 when the user allows it (``torch.set_float32_matmul_precision``);
     this says "fp32" regardless.
     """
+    declared = getattr(model, "pareto_compute_dtype", None)  # an ONNX Runtime graph says what it runs
+    if isinstance(declared, str):
+        return declared
     quantized = _dynamic_quantized_linear()
     if quantized is not None:
         for module in model.modules():

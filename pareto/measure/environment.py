@@ -13,6 +13,9 @@ from typing import Any
 
 #: Fields that must match for two measurements to be comparable in one frontier.
 KEY_FIELDS = ("device_name", "driver", "torch_version", "cpu_model", "threads", "hostname")
+#: Part of the key only where set, so that environments recorded before it (or without ONNX Runtime)
+#: keep their keys: installing or upgrading ONNX Runtime makes a new environment, as a torch upgrade does.
+OPTIONAL_KEY_FIELDS = ("onnxruntime_version",)
 
 
 def fingerprint(device: str, threads: int) -> dict[str, Any]:
@@ -24,9 +27,12 @@ def fingerprint(device: str, threads: int) -> dict[str, Any]:
 
     Returns:
         device, device_name, driver (None on CPU), torch_version, python_version, platform,
-        cpu_model, cpu_count, threads and hostname.
+        cpu_model, cpu_count, threads, hostname and onnxruntime_version (None when ONNX Runtime is
+        not installed; then it is not part of the key).
     """
     import torch  # lazily: query commands import this package without torch
+
+    from pareto.compress.onnxrt import onnxruntime_version
 
     cpu_model = _cpu_model()
     on_cuda = device.startswith("cuda")
@@ -41,16 +47,19 @@ def fingerprint(device: str, threads: int) -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "threads": threads,
         "hostname": socket.gethostname(),
+        "onnxruntime_version": onnxruntime_version(),
     }
 
 
 def environment_key(fp: dict[str, Any]) -> str:
-    """Return a short stable hash of the fingerprint fields in ``KEY_FIELDS``.
+    """Return a short stable hash of the fingerprint fields in ``KEY_FIELDS`` (and ``OPTIONAL_KEY_FIELDS`` set).
 
     Raises:
-        KeyError: ``fp`` lacks one of those fields.
+        KeyError: ``fp`` lacks one of the ``KEY_FIELDS``.
     """
-    payload = json.dumps({name: fp[name] for name in KEY_FIELDS}, sort_keys=True)
+    fields = {name: fp[name] for name in KEY_FIELDS}
+    fields.update({name: fp[name] for name in OPTIONAL_KEY_FIELDS if fp.get(name) is not None})
+    payload = json.dumps(fields, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 

@@ -101,7 +101,8 @@ def activation_bytes(model: nn.Module, inputs: torch.Tensor | Sequence[Any], dev
     forward); the output is included. Scratch memory inside a kernel (oneDNN/FBGEMM workspaces) never
     reaches Python and is not seen, so this is a lower bound on the allocator's true peak. A
     ``torch.compile``d model is measured through the eager module it wraps (fused kernels may keep
-    fewer intermediates alive). For a
+    fewer intermediates alive), an ONNX Runtime one through the module it was exported from (ORT's
+    arena is not visible from Python). For a
     ``Sequential(Linear(a, h), ReLU(), Linear(h, b))`` at batch B it is ``4·B·(h + h)`` bytes (the
     first Linear's output and the ReLU's are alive together).
 
@@ -134,9 +135,13 @@ def activation_bytes(model: nn.Module, inputs: torch.Tensor | Sequence[Any], dev
 
 
 def eager_module(model: nn.Module) -> nn.Module:
-    """The eager module behind a ``torch.compile``d one (its ``_orig_mod``); any other module as it is."""
-    original = getattr(model, "_orig_mod", None)
-    return original if isinstance(original, nn.Module) else model
+    """The eager module behind a ``torch.compile``d one (its ``_orig_mod``) or an ONNX Runtime one (the
+    module it was exported from, ``pareto_source``); any other module as it is."""
+    for attribute in ("_orig_mod", "pareto_source"):
+        original = getattr(model, attribute, None)
+        if isinstance(original, nn.Module):
+            return original
+    return model
 
 
 def activation_method(device: str) -> str:

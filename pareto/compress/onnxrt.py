@@ -1,0 +1,393 @@
+"""ONNX Runtime as a serving backend: export, an ORT session that runs like a module, ORT's int8 quantization.
+
+A configuration on the ``onnxruntime`` backend is measured where it would be served: the compressed
+PyTorch model is exported to ONNX (``torch.onnx.export`` with the dynamo exporter, every input axis
+left dynamic where the graph allows it) and run by an ``onnxruntime.InferenceSession`` on the CPU
+execution provider. ``OrtModule`` wraps that session as an ``nn.Module`` so that latency, accuracy and
+the throughput sweep call it like any model. What the session holds is counted from the ONNX graph:
+its initializers are the module's parameters and buffers (weights of two or more dimensions are
+parameters, the rest buffers), so memory and compression ratio are those of the served graph. What
+ORT does inside a run is not visible from Python, so FLOPs and peak activations are those of the
+exported PyTorch module (``pareto_source``), the same graph before ORT's fusions.
+
+``ort_int8_dynamic`` quantizes the exported graph with ``onnxruntime.quantization.quantize_dynamic``:
+the tool a user would reach for without pareto.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+import io
+import logging
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+import torch
+from torch import nn
+
+from pareto.compress.base import Backend, Family, Technique, register
+from pareto.errors import TechniqueError
+
+if TYPE_CHECKING:
+    import onnx
+
+    from pareto.task import Task
+
+ONNX_HINT = "install it with: pip install 'pareto-slo[onnx]' (onnx, onnxruntime, onnxscript)"
+
+
+@functools.cache
+def onnxruntime_reason() -> str | None:
+    """Why the ``onnxruntime`` backend cannot run in this environment, or None."""
+    for module in ("onnxruntime", "onnx", "onnxscript"):
+        if importlib.util.find_spec(module) is None:
+            return f"the onnxruntime backend needs {module}, which is not installed; {ONNX_HINT}."
+    return None
+
+
+def onnxruntime_version() -> str | None:
+    """The installed ONNX Runtime's version, or None (recorded with every environment)."""
+    if importlib.util.find_spec("onnxruntime") is None:
+        return None
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("onnxruntime")
+    except PackageNotFoundError:  # an onnxruntime-gpu or nightly build under another distribution name
+        import onnxruntime
+
+        return str(onnxruntime.__version__)
+
+
+def device_reason(device: str) -> str | None:
+    """Why a model cannot be served by ONNX Runtime on ``device``, or None."""
+    reason = onnxruntime_reason()
+    if reason is not None:
+        return reason
+    if not device.startswith("cpu"):
+        return f"the onnxruntime backend measures on ORT's CPU execution provider; the device is {device}."
+    return None
+
+
+def export_onnx(model: nn.Module, task: Task) -> onnx.ModelProto:
+    """Export ``model`` to ONNX on ``task.example_input(task.batch_size)``, every input axis dynamic where it can be.
+
+    Uses the dynamo exporter (``torch.export`` underneath) with ``Dim.AUTO`` on each axis: an axis
+    the graph fixes stays fixed, the others follow the input. Nothing is printed.
+
+    Raises:
+        TechniqueError: the model cannot be exported (the exporter's reason is kept).
+    """
+    inputs = task.example_input(task.batch_size)
+    args = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+    dims = tuple(
+        {axis: torch.export.Dim.AUTO for axis in range(a.dim())} if isinstance(a, torch.Tensor) else None for a in args
+    )
+    try:
+        with _quiet():
+            program = torch.onnx.export(model.eval(), args, dynamo=True, dynamic_shapes=dims, verbose=False)
+    except Exception as exc:  # any exporter failure fails the trial, with the exporter's own words
+        raise TechniqueError(f"the model cannot be exported to ONNX: {type(exc).__name__}: {_first_line(exc)}") from exc
+    assert program is not None  # the dynamo exporter returns its program
+    return program.model_proto
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Keep the exporter's and the quantizer's progress lines, warnings and advice off the terminal."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)  # "torchvision is not installed…", "consider pre-processing…"
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logging.disable(previous)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""
+
+
+class OrtModule(nn.Module):
+    """An ONNX Runtime CPU session that is called like the module it was exported from.
+
+    Inputs are torch tensors (passed to ORT without a copy where their memory allows); outputs come
+    back as torch tensors, one tensor for a one-output graph, else a tuple. The session uses
+    ``torch.get_num_threads()`` intra-op threads and one inter-op thread, read at the first call and
+    whenever it changes (a new session then, during warm-up: pareto sets threads before it times).
+    Its threads do not spin while idle (``session.intra_op.allow_spinning=0``): spinning workers take
+    the cores from whatever runs next, which in an interleaved measurement is another model.
+
+    Attributes:
+        pareto_source: The PyTorch module that was exported (not a submodule: its weights are not
+            the session's); FLOPs and activations are counted on it.
+        pareto_compute_dtype: "int8" for a graph with integer matrix products or QDQ pairs, else "fp32".
+        onnx_bytes: The serialized graph, as ``pareto export`` writes it.
+    """
+
+    def __init__(self, proto: onnx.ModelProto, source: nn.Module) -> None:
+        super().__init__()
+        from onnx import numpy_helper
+
+        self.onnx_bytes: bytes = proto.SerializeToString()
+        object.__setattr__(self, "pareto_source", source)
+        integer_ops = {
+            "MatMulInteger",
+            "ConvInteger",
+            "QLinearMatMul",
+            "QLinearConv",
+            "DynamicQuantizeMatMul",
+            "DequantizeLinear",  # a QDQ graph: ORT fuses the pairs into int8 kernels
+        }
+        ops = {node.op_type for node in proto.graph.node}
+        self.pareto_compute_dtype = "int8" if ops & integer_ops else "fp32"
+        for index, initializer in enumerate(proto.graph.initializer):
+            tensor = torch.from_numpy(numpy_helper.to_array(initializer).copy())
+            name = f"initializer_{index}"
+            if tensor.dim() >= 2:
+                self.register_parameter(name, nn.Parameter(tensor, requires_grad=False))
+            else:
+                self.register_buffer(name, tensor, persistent=False)
+        self.pareto_serving = (
+            f"served by ONNX Runtime {onnxruntime_version()} (CPUExecutionProvider, intra-op threads = torch's, "
+            "inter-op 1, no idle spinning) from a torch.onnx dynamo export; FLOPs and activations counted on "
+            "the exported PyTorch module, parameters on the graph's initializers"
+        )
+        self._session: Any = None
+        self._threads = 0
+        self._names: list[str] = []
+
+    def session(self) -> Any:
+        """The ORT session, built (again) when torch's thread count changed since the last one."""
+        threads = torch.get_num_threads()
+        if self._session is None or threads != self._threads:
+            import onnxruntime as ort
+
+            options = ort.SessionOptions()
+            options.intra_op_num_threads = threads
+            options.inter_op_num_threads = 1
+            options.log_severity_level = 3  # errors only
+            # ORT's idle workers spin by default: on a small machine they slowed the next model's call
+            # (or the contention probe) 12x in a measurement here, so every interleaved comparison lost
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+            self._session = ort.InferenceSession(self.onnx_bytes, options, providers=["CPUExecutionProvider"])
+            self._names = [i.name for i in self._session.get_inputs()]
+            self._threads = threads
+        return self._session
+
+    def forward(self, *args: Any) -> Any:
+        session = self.session()
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        if len(tensors) != len(self._names):
+            raise TypeError(f"the ONNX graph takes {len(self._names)} tensor inputs, got {len(tensors)}")
+        feed = {name: t.detach().cpu().contiguous().numpy() for name, t in zip(self._names, tensors, strict=True)}
+        outputs = [torch.from_numpy(o) for o in session.run(None, feed)]
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+
+def to_onnxruntime(model: nn.Module, task: Task) -> OrtModule:
+    """Export ``model`` and open it in ONNX Runtime; the seconds it took are kept as ``pareto_compile_s``.
+
+    Raises:
+        TechniqueError: ORT is missing, the model is not on the CPU, or it cannot be exported or loaded.
+    """
+    from pareto.compress.base import model_device
+
+    reason = device_reason(str(model_device(model)))
+    if reason is not None:
+        raise TechniqueError(reason)
+    start = time.perf_counter()
+    module = OrtModule(export_onnx(model, task), model)
+    _first_call(module, task)
+    setattr(module, "pareto_compile_s", time.perf_counter() - start)  # noqa: B010  (read by pareto.assess.build)
+    return module
+
+
+def _first_call(module: OrtModule, task: Task) -> None:
+    """Open the session and run it once on the task's input, so that a graph ORT cannot run fails here."""
+    inputs = task.example_input(task.batch_size)
+    args = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+    try:
+        with torch.inference_mode():
+            module(*args)
+    except Exception as exc:  # a graph ORT rejects fails the trial with ORT's reason
+        reason = f"{type(exc).__name__}: {_first_line(exc)}"
+        raise TechniqueError(f"ONNX Runtime cannot run the exported model: {reason}") from exc
+
+
+@register
+class OrtInt8Dynamic(Technique):
+    """ONNX Runtime's dynamic int8 quantization of the exported graph (``quantize_dynamic``).
+
+    Weights of MatMul and Gemm nodes (and, with ``op_types="all"``, of every op ORT can quantize,
+    embeddings' Gather and attention included) are stored as int8; activations are quantized per
+    call (uint8). Runs on the ``onnxruntime`` backend only, after the export.
+
+    Args:
+        per_channel: One scale per output channel instead of one per tensor (usually more accurate).
+        op_types: ``"matmul"`` (MatMul, Gemm) or ``"all"`` (ORT's default list).
+    """
+
+    name: ClassVar[str] = "ort_int8_dynamic"
+    family: ClassVar[Family] = "quantize"
+    summary: ClassVar[str] = "ONNX Runtime quantize_dynamic: int8 weights of the exported graph (onnxruntime backend)"
+    order_in_family: ClassVar[int] = 10
+    backends: ClassVar[tuple[Backend, ...]] = ("onnxruntime",)
+    on_graph: ClassVar[bool] = True
+
+    per_channel: bool = False
+    op_types: Literal["matmul", "all"] = "matmul"
+
+    def backend(self, device: str) -> str | None:
+        return "onnxruntime"
+
+    def available(self, device: str, task: Task | None = None) -> str | None:
+        return device_reason(device)
+
+    def apply(self, model: nn.Module, task: Task) -> nn.Module:
+        """Return a new ``OrtModule`` with the quantized graph.
+
+        Raises:
+            TechniqueError: ``model`` is not an ONNX Runtime module, or ORT's quantizer failed.
+        """
+        if not isinstance(model, OrtModule):
+            raise TechniqueError(f"{self.describe()} quantizes an ONNX graph: it runs on the onnxruntime backend only.")
+        import onnx
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        with tempfile.TemporaryDirectory(prefix="pareto-ort-") as folder:
+            source, target = Path(folder) / "model.onnx", Path(folder) / "model.int8.onnx"
+            source.write_bytes(model.onnx_bytes)
+            ops = ["MatMul", "Gemm"] if self.op_types == "matmul" else None
+            try:
+                with _quiet():
+                    quantize_dynamic(
+                        source,
+                        target,
+                        weight_type=QuantType.QInt8,
+                        per_channel=self.per_channel,
+                        op_types_to_quantize=ops,
+                    )
+            except Exception as exc:  # ORT's quantizer refuses some graphs: the trial fails with its reason
+                raise TechniqueError(f"{self.describe()} failed: {type(exc).__name__}: {exc}") from exc
+            proto = onnx.load(str(target))
+        quantized = OrtModule(proto, getattr(model, "pareto_source"))  # noqa: B009
+        opened = time.perf_counter()
+        _first_call(quantized, task)
+        # the export and the session count as build time (kept apart from latency); quantizing is compression
+        built = getattr(model, "pareto_compile_s", 0.0) + time.perf_counter() - opened
+        setattr(quantized, "pareto_compile_s", built)  # noqa: B010
+        return quantized
+
+
+#: Batches of the task's data the static quantizer calibrates on (activation ranges), at most.
+CALIBRATION_BATCHES = 32
+
+
+@register
+class OrtInt8Static(Technique):
+    """ONNX Runtime's static int8 quantization of the exported graph, calibrated on the task's data.
+
+    Convolutions and matrix products get int8 weights (per output channel by default) and int8
+    activations whose ranges were fixed beforehand (``quantize_static``, QDQ format, MinMax
+    calibration), so no range is computed per call: the int8 path for CNNs, where dynamic
+    quantization only reaches the Linear head. Calibration runs the exported float graph on up to
+    ``CALIBRATION_BATCHES`` inputs of ``task.train_data`` (the inputs only; labels are not used), or
+    on ``task.example_input`` when the task has no training data. Runs on the ``onnxruntime`` backend.
+
+    Args:
+        per_channel: One weight scale per output channel (default) or one per tensor.
+    """
+
+    name: ClassVar[str] = "ort_int8_static"
+    family: ClassVar[Family] = "quantize"
+    summary: ClassVar[str] = (
+        "ONNX Runtime quantize_static: int8 weights and activations of convs and matmuls, ranges calibrated on "
+        "train_data (onnxruntime backend)"
+    )
+    order_in_family: ClassVar[int] = 11
+    backends: ClassVar[tuple[Backend, ...]] = ("onnxruntime",)
+    on_graph: ClassVar[bool] = True
+
+    per_channel: bool = True
+
+    def backend(self, device: str) -> str | None:
+        return "onnxruntime"
+
+    def available(self, device: str, task: Task | None = None) -> str | None:
+        return device_reason(device)
+
+    def apply(self, model: nn.Module, task: Task) -> nn.Module:
+        """Return a new ``OrtModule`` with the calibrated int8 graph.
+
+        Raises:
+            TechniqueError: ``model`` is not an ONNX Runtime module, there is nothing to calibrate on,
+                or ORT's quantizer failed.
+        """
+        if not isinstance(model, OrtModule):
+            raise TechniqueError(f"{self.describe()} quantizes an ONNX graph: it runs on the onnxruntime backend only.")
+        import onnx
+        from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+        batches = _calibration_batches(task)
+        session = model.session()
+        names = [i.name for i in session.get_inputs()]
+
+        class Reader(CalibrationDataReader):
+            def __init__(self) -> None:
+                self.items = iter(batches)
+
+            def get_next(self) -> dict[str, Any] | None:
+                args = next(self.items, None)
+                if args is None:
+                    return None
+                tensors = [a for a in args if isinstance(a, torch.Tensor)]
+                return {n: t.detach().cpu().contiguous().numpy() for n, t in zip(names, tensors, strict=True)}
+
+        with tempfile.TemporaryDirectory(prefix="pareto-ort-") as folder:
+            source, target = Path(folder) / "model.onnx", Path(folder) / "model.int8.onnx"
+            source.write_bytes(model.onnx_bytes)
+            try:
+                with _quiet():
+                    quantize_static(
+                        source,
+                        target,
+                        Reader(),
+                        quant_format=QuantFormat.QDQ,
+                        activation_type=QuantType.QUInt8,
+                        weight_type=QuantType.QInt8,
+                        per_channel=self.per_channel,
+                        op_types_to_quantize=["Conv", "MatMul", "Gemm"],
+                    )
+            except Exception as exc:  # ORT's quantizer refuses some graphs: the trial fails with its reason
+                raise TechniqueError(f"{self.describe()} failed: {type(exc).__name__}: {exc}") from exc
+            proto = onnx.load(str(target))
+        quantized = OrtModule(proto, getattr(model, "pareto_source"))  # noqa: B009
+        opened = time.perf_counter()
+        _first_call(quantized, task)
+        built = getattr(model, "pareto_compile_s", 0.0) + time.perf_counter() - opened
+        setattr(quantized, "pareto_compile_s", built)  # noqa: B010
+        return quantized
+
+
+def _calibration_batches(task: Task) -> list[tuple[Any, ...]]:
+    """Up to ``CALIBRATION_BATCHES`` input tuples: ``train_data``'s inputs, else the example input."""
+    batches: list[tuple[Any, ...]] = []
+    for item in task.train_data or ():
+        inputs = item[0] if isinstance(item, (tuple, list)) and len(item) == 2 else item
+        batches.append(tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,))
+        if len(batches) >= CALIBRATION_BATCHES:
+            break
+    if not batches:
+        inputs = task.example_input(task.batch_size)
+        batches.append(tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,))
+    return batches
