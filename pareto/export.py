@@ -37,8 +37,13 @@ prune_2_4             ``model.pt2``, tried first  needs CUDA compute capability 
                                                   elsewhere the export is refused with that reason. Not run
                                                   in the tests (no such GPU there)
 compile               the eager module's          compiled kernels are made at run time on the machine that
-                      ``model.pt2`` (or .ts)      runs them: the manifest's load line wraps the loaded module
-                                                  in ``torch.compile(..., mode=...)`` with the measured mode
+(and the compile      ``model.pt2`` (or .ts)      runs them: the manifest's load line wraps the loaded module
+backend)                                          in ``torch.compile(..., mode=...)`` with the measured mode
+                                                  (the compile backend: mode "default")
+the onnxruntime       ``model.onnx``              the ONNX graph ONNX Runtime measured, byte for byte (after
+backend,                                          ``ort_int8_dynamic``, with its int8 weights); the load line
+ort_int8_dynamic                                  opens an ``onnxruntime.InferenceSession`` on the CPU
+                                                  execution provider; no torch is needed to serve it
 ====================  ==========================  ============================================================
 
 A model torch.export cannot trace (data-dependent Python in a user's model, say) falls back to
@@ -78,7 +83,8 @@ MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
 TORCH_EXPORT = "torch.export"
 TORCHSCRIPT = "torchscript"
-ARTIFACT_NAMES = {TORCH_EXPORT: "model.pt2", TORCHSCRIPT: "model.torchscript.pt"}
+ONNX = "onnx"
+ARTIFACT_NAMES = {TORCH_EXPORT: "model.pt2", TORCHSCRIPT: "model.torchscript.pt", ONNX: "model.onnx"}
 #: What differs between the measuring and the exporting environment that can change latency.
 ENVIRONMENT_FIELDS = ("device", "device_name", "driver", "cpu_model", "torch_version", "threads")
 #: Seconds the fresh process may take to import torch, load the artifact and run it.
@@ -101,6 +107,7 @@ TECHNIQUE_NOTES: dict[str, str] = {
     ),
     "int8_weight_only": "torchao int8 weight tensors traced into torchao's operators; loading needs torchao",
     "compile": "not in the graph: the artifact holds the eager module; the load line calls torch.compile with the mode",
+    "ort_int8_dynamic": "the ONNX graph with int8 weights (DynamicQuantizeLinear, MatMulInteger), as ORT ran it",
 }
 
 _WHY = {
@@ -111,6 +118,10 @@ _WHY = {
     TORCHSCRIPT: (
         "TorchScript (torch.jit.trace, saved with torch.jit.save); torch.jit.load reads it in plain torch "
         "and torch::jit::load in libtorch (C++)"
+    ),
+    ONNX: (
+        "the configuration is served by ONNX Runtime: the ONNX graph the measurement ran (torch.onnx's dynamo "
+        "exporter, then any ONNX-level technique), opened with onnxruntime.InferenceSession; no torch needed"
     ),
 }
 _INT8_EAGER = (
@@ -463,8 +474,14 @@ def _device_here(measured: str) -> str:
 
 def _build(selection: Selection, task: Task, config: Config, device: str) -> nn.Module:
     """The compressed model, built as the measurement built it (``pareto.assess.build``'s call)."""
-    from pareto.compress import apply
+    from pareto.compress import apply, backend_reason
 
+    why = backend_reason(config.backend, device)
+    if why is not None:
+        raise UsageError(
+            f"Trial {selection.trial} ({selection.candidate.description}) cannot be exported here: the "
+            f"{config.backend} backend cannot serve on {device}: {why.rstrip('.')}."
+        )
     for technique in config.techniques:
         why = technique.available(device, task)
         if why is not None:
@@ -513,6 +530,10 @@ def _serialize(
     Raises:
         ParetoError: neither format can hold the model.
     """
+    onnx_bytes = getattr(model, "onnx_bytes", None)  # served by ONNX Runtime: its graph is the artifact
+    if isinstance(onnx_bytes, bytes):
+        (folder / ARTIFACT_NAMES[ONNX]).write_bytes(onnx_bytes)
+        return Artifact(ONNX, ARTIFACT_NAMES[ONNX], ["onnxruntime"], _WHY[ONNX], None)
     eager = getattr(model, "_orig_mod", model)  # torch.compile's wrapper: the compile is a run-time step
     requires = _requires(eager)
     if _has_torch_ao_quantized(eager):
@@ -592,7 +613,11 @@ def _reason(exc: BaseException) -> str:
 
 # --- the reload check -------------------------------------------------------------------------------
 
-_LOADERS = {TORCH_EXPORT: "torch.export.load(path).module()", TORCHSCRIPT: "torch.jit.load(path)"}
+_LOADERS = {
+    TORCH_EXPORT: "torch.export.load(path).module()",
+    TORCHSCRIPT: "torch.jit.load(path)",
+    ONNX: "onnxruntime.InferenceSession(path, providers=['CPUExecutionProvider'])",
+}
 
 #: Runs in a fresh interpreter: imports torch (and what the artifact requires), never pareto.
 _CHILD = r"""
@@ -601,7 +626,18 @@ import torch
 artifact, fmt, requires, out, *inputs = sys.argv[1:]
 for name in json.loads(requires):
     importlib.import_module(name)
-model = torch.export.load(artifact).module() if fmt == "torch.export" else torch.jit.load(artifact)
+if fmt == "onnx":
+    import onnxruntime
+    session = onnxruntime.InferenceSession(artifact, providers=["CPUExecutionProvider"])
+    def model(*args):
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        feed = {i.name: t.numpy() for i, t in zip(session.get_inputs(), tensors)}
+        outs = [torch.from_numpy(o) for o in session.run(None, feed)]
+        return outs[0] if len(outs) == 1 else tuple(outs)
+elif fmt == "torch.export":
+    model = torch.export.load(artifact).module()
+else:
+    model = torch.jit.load(artifact)
 results, errors = [], []
 for path in inputs:
     args = torch.load(path, weights_only=True)
@@ -664,7 +700,17 @@ def _run_here(artifact: Artifact, folder: Path, batches: list[tuple[Any, ...]]) 
     path = folder / artifact.file
     for name in artifact.requires:
         __import__(name)
-    model = torch.export.load(path).module() if artifact.format == TORCH_EXPORT else torch.jit.load(str(path))
+    model: Any
+    if artifact.format == ONNX:
+        import onnx
+
+        from pareto.compress.onnxrt import OrtModule
+
+        model = OrtModule(onnx.load(str(path)), torch.nn.Identity())
+    elif artifact.format == TORCH_EXPORT:
+        model = torch.export.load(path).module()
+    else:
+        model = torch.jit.load(str(path))
     outputs: list[Any] = []
     errors: list[str | None] = []
     for args in batches:
@@ -791,6 +837,11 @@ def _spec(value: Any, batch: int | None = None) -> list[dict[str, Any]]:
 
 
 def _load_line(artifact: Artifact, compile_mode: str | None) -> str:
+    if artifact.format == ONNX:
+        return (
+            f'import onnxruntime; session = onnxruntime.InferenceSession("{artifact.file}", '
+            'providers=["CPUExecutionProvider"])'
+        )
     imports = ", ".join(["torch", *artifact.requires])
     loaded = (
         f'torch.export.load("{artifact.file}").module()'
@@ -819,7 +870,8 @@ def _manifest(
 
     candidate = selection.candidate
     compile_mode = next(
-        (str(t.params().get("mode", "default")) for t in config.techniques if t.name == "compile"), None
+        (str(t.params().get("mode", "default")) for t in config.techniques if t.name == "compile"),
+        "default" if config.backend == "compile" else None,
     )
     notes = []
     if compile_mode is not None and artifact.format == TORCHSCRIPT:
@@ -866,8 +918,15 @@ def _manifest(
             "format": artifact.format,
             "why": artifact.why,
             "load": _load_line(artifact, compile_mode),
-            "load_note": "run from this folder (the path is relative), then: with torch.inference_mode(): y = model(x)",
-            "requires": ["torch", *artifact.requires],
+            "load_note": (
+                "run from this folder (the path is relative), then: "
+                + (
+                    "y = session.run(None, {i.name: x.numpy() for i, x in zip(session.get_inputs(), inputs)})"
+                    if artifact.format == ONNX
+                    else "with torch.inference_mode(): y = model(x)"
+                )
+            ),
+            "requires": [*artifact.requires] if artifact.format == ONNX else ["torch", *artifact.requires],
             "torch_version": here["torch_version"],
             "device": device,
             "dynamic_batch": check["other_batch"]["matches"],
@@ -877,7 +936,13 @@ def _manifest(
             "batch_size": config.batch_size,
             "batch_note": "the stored latency was measured at this batch size only",
             "threads": candidate.environment.get("threads"),
-            "threads_note": "the stored latency was measured with torch.set_num_threads(threads) on this device",
+            "threads_note": (
+                "the stored latency was measured with SessionOptions.intra_op_num_threads = threads, "
+                "inter_op_num_threads = 1 and idle spinning off (session.intra_op.allow_spinning = 0)"
+                if artifact.format == ONNX
+                else "the stored latency was measured with torch.set_num_threads(threads) on this device"
+            ),
+            "backend": config.backend,
             "torch_compile": (
                 {"mode": compile_mode, "call": f'model = torch.compile(model, mode="{compile_mode}")'}
                 if compile_mode is not None
