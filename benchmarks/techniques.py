@@ -1,4 +1,9 @@
-"""Compression ratio against measured speedup, per technique and for a few combinations, per task.
+"""Compression ratio against measured speedup, per technique, combination and serving backend, per task.
+
+A row starting with ``@compile`` or ``@onnxruntime`` is served on that backend (``torch.compile`` of the
+result, or an ONNX export run by ONNX Runtime's CPU execution provider); the baseline is always the
+uncompressed model in eager PyTorch. ``--study NAME --db URL`` adds the study's pick (``pareto best``
+under the study's SLOs) as a row of the same interleaved measurement.
 
 Every configuration of a task is built first, then all of them are timed together with the
 uncompressed baseline in interleaved rounds (20 rounds of 34 calls each, a random order every round,
@@ -6,6 +11,7 @@ uncompressed baseline in interleaved rounds (20 rounds of 34 calls each, a rando
 so the ratios compare like with like. Prints a Markdown table per task for BENCHMARKS.md.
 
     python benchmarks/techniques.py --task demo --task transformer --task minilm --task resnet [--threads 2]
+    python benchmarks/techniques.py --task minilm --study minilm --db sqlite:///minilm.db
 """
 
 from __future__ import annotations
@@ -13,12 +19,14 @@ from __future__ import annotations
 import argparse
 import datetime
 import platform
+from typing import cast
 
 import torch
 
+import pareto
 from pareto.api import parse_technique_option
 from pareto.assess import build
-from pareto.compress import Config
+from pareto.compress import Backend, Config, backend_reason
 from pareto.measure.latency import RoundPlan, Timed, measure_interleaved
 from pareto.measure.memory import theoretical_bytes
 from pareto.task import load_task
@@ -40,6 +48,12 @@ CONFIGS = {
         ["prune_structured:ratio=0.5", "int8_dynamic"],
         ["prune_unstructured:sparsity=0.9", "int8_dynamic"],
         ["compile"],
+        ["@compile"],
+        ["@onnxruntime"],
+        ["@onnxruntime", "ort_int8_dynamic"],
+        ["@onnxruntime", "ort_int8_dynamic:per_channel=True"],
+        ["@onnxruntime", "prune_structured:ratio=0.5", "ort_int8_dynamic:per_channel=True"],
+        ["@onnxruntime", "ort_int8_static"],
     ],
     "transformer": [
         [],
@@ -49,6 +63,10 @@ CONFIGS = {
         ["int8_dynamic"],
         ["bf16"],
         ["prune_structured:ratio=0.5", "int8_dynamic"],
+        ["@compile"],
+        ["@onnxruntime"],
+        ["@onnxruntime", "ort_int8_dynamic"],
+        ["@onnxruntime", "ort_int8_dynamic:per_channel=True"],
     ],
     "minilm": [
         [],
@@ -61,6 +79,12 @@ CONFIGS = {
         ["prune_structured:ratio=0.25", "finetune:steps=200,lr=0.0001"],
         ["prune_structured:ratio=0.25", "finetune:steps=200,lr=0.0001", "int8_dynamic"],
         ["prune_structured:ratio=0.5", "finetune:steps=400,lr=0.0001", "int8_dynamic"],
+        ["@compile"],
+        ["@onnxruntime"],
+        # ONNX Runtime's quantize_dynamic with its defaults: what a user reaches for without pareto
+        ["@onnxruntime", "ort_int8_dynamic:op_types=all"],
+        ["@onnxruntime", "ort_int8_dynamic:per_channel=True"],
+        ["@onnxruntime", "prune_structured:ratio=0.25", "ort_int8_dynamic:per_channel=True"],
     ],
     "resnet": [
         [],
@@ -72,6 +96,11 @@ CONFIGS = {
         ["int8_dynamic"],
         ["compile"],
         ["prune_structured:ratio=0.5", "finetune:steps=200,lr=0.001", "compile"],
+        ["@compile"],
+        ["@onnxruntime"],
+        ["@onnxruntime", "prune_structured:ratio=0.5", "finetune:steps=200,lr=0.001"],
+        ["@onnxruntime", "ort_int8_static"],
+        ["@onnxruntime", "prune_structured:ratio=0.5", "finetune:steps=200,lr=0.001", "ort_int8_static"],
     ],
 }
 
@@ -82,6 +111,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--samples", type=int, default=680)
     parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--study", help="also time this study's pick (pareto best under its SLOs)")
+    parser.add_argument("--db", help="the study's database URL")
     args = parser.parse_args()
     plan = RoundPlan(samples=args.samples, rounds=args.rounds, warmup=50)
     print(
@@ -94,9 +125,15 @@ def main() -> None:
         task = load_task(name)
         base_bytes = theoretical_bytes(task.model)
         rows: list[tuple[str, object]] = []  # (description, built model or the reason it is not)
-        for options in CONFIGS[name]:
-            config = Config(techniques=tuple(parse_technique_option(o) for o in options), batch_size=task.batch_size)
-            reason = next((t.available("cpu", task) for t in config.techniques if t.available("cpu", task)), None)
+        configs = [_config(options, task.batch_size) for options in CONFIGS[name]]
+        if args.study:
+            pick = pareto.best(study=args.study, db=args.db)
+            configs.append(Config.from_dict(pick["config"]))
+            print(f"pick of study {args.study!r}: trial {pick['trial']}, {configs[-1].describe()}")
+        for config in configs:
+            reason = backend_reason(config.backend, "cpu") or next(
+                (t.available("cpu", task) for t in config.techniques if t.available("cpu", task)), None
+            )
             if reason:
                 rows.append((config.describe(), f"unavailable: {reason}"))
                 continue
@@ -129,6 +166,12 @@ def main() -> None:
                 f"{accuracy:.4f} | {accuracy - base_accuracy:+.4f} |",
                 flush=True,
             )
+
+
+def _config(options: list[str], batch_size: int) -> Config:
+    backend = cast("Backend", options[0][1:] if options and options[0].startswith("@") else "eager")
+    rest = options[1:] if backend != "eager" else options
+    return Config(techniques=tuple(parse_technique_option(o) for o in rest), batch_size=batch_size, backend=backend)
 
 
 if __name__ == "__main__":
