@@ -126,10 +126,13 @@ def main() -> None:
         base_bytes = theoretical_bytes(task.model)
         rows: list[tuple[str, object]] = []  # (description, built model or the reason it is not)
         configs = [_config(options, task.batch_size) for options in CONFIGS[name]]
-        if args.study:
+        tasks_of = {s["study"]: s["task"] for s in pareto.studies(db=args.db)} if args.study else {}
+        if args.study and tasks_of.get(args.study) == name:  # the pick joins its own task's table only
             pick = pareto.best(study=args.study, db=args.db)
-            configs.append(Config.from_dict(pick["config"]))
-            print(f"pick of study {args.study!r}: trial {pick['trial']}, {configs[-1].describe()}")
+            chosen = Config.from_dict(pick["config"])
+            print(f"pick of study {args.study!r}: trial {pick['trial']}, {chosen.describe()}")
+            if chosen not in configs:  # a row already: timed once
+                configs.append(chosen)
         for config in configs:
             reason = backend_reason(config.backend, "cpu") or next(
                 (t.available("cpu", task) for t in config.techniques if t.available("cpu", task)), None

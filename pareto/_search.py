@@ -35,7 +35,7 @@ from pareto._runs import (
     stored_metrics,
 )
 from pareto.assess import Rejected, assess, build, check_input_fits, remeasured, round_plan
-from pareto.compress import Backend, Config, backend_reason, get_technique
+from pareto.compress import BACKENDS, Backend, Config, backend_reason, get_technique
 from pareto.confirmation import ConfirmResult, confirm_pick, load_candidates
 from pareto.errors import MachineBusy, NoFeasibleConfiguration, TechniqueError, UsageError
 from pareto.frontier import (
@@ -177,7 +177,8 @@ def run_search(spec: SearchSpec, *, db_url: str, reporter: Reporter | None = Non
 def prepare(spec: SearchSpec, db_url: str, reporter: Reporter) -> SearchSetup:
     task = load_task(spec.task)
     bench = open_bench(db_url, task, spec.measure)
-    backends: tuple[Backend, ...] = tuple(spec.space.backend or ["eager"])
+    # in one fixed order: Optuna refuses a categorical whose choices change order within a study
+    backends: tuple[Backend, ...] = tuple(b for b in BACKENDS if b in (spec.space.backend or ["eager"]))
     for backend in backends:
         reason = backend_reason(backend, bench.device)
         if reason is not None:
@@ -485,10 +486,16 @@ def _optimize(setup: SearchSetup, run: RunHandle, study: optuna.Study, reporter:
 
 
 def _space_size(setup: SearchSetup) -> int | None:
-    """Distinct configurations the sampler can propose; None when unbounded (a range without a step)."""
+    """Distinct configurations a search can store: what the sampler can propose, and the eager baselines
+    when eager is not one of its backends (they are stored, and counted as tried, all the same);
+    None when unbounded (a range without a step)."""
     if setup.spec.search.sampler == "grid":
-        return len(grid_of(setup.batch_sizes, setup.techniques, setup.spec.search.grid_points, setup.backends))
-    return space_size(setup.batch_sizes, setup.techniques, setup.backends)
+        size: int | None = len(
+            grid_of(setup.batch_sizes, setup.techniques, setup.spec.search.grid_points, setup.backends)
+        )
+    else:
+        size = space_size(setup.batch_sizes, setup.techniques, setup.backends)
+    return size + len(setup.batch_sizes) if size is not None and "eager" not in setup.backends else size
 
 
 def _tried_here(setup: SearchSetup) -> int:

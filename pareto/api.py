@@ -698,7 +698,7 @@ def _remeasure(
     """Time a stored trial (number, row id) and the baseline in interleaved rounds; store; compare."""
     from pareto._runs import baseline_trial, finish_run, open_bench, start_run, store_measurement, stored_metrics
     from pareto.assess import build, remeasured, round_plan
-    from pareto.compress import Config
+    from pareto.compress import Config, why_not_here
     from pareto.measure.latency import Timed, measure_interleaved
     from pareto.metrics import FIELD_NAMES, Metrics
 
@@ -707,6 +707,9 @@ def _remeasure(
     here = [c for c in stored if c.environment["key"] == _key_of(bench.fingerprint)]
     before = (here or stored)[0]
     config = Config.from_dict(before.config)
+    why = why_not_here(config, task, bench.device)
+    if why is not None:
+        raise UsageError(f"Trial {trial[0]} ({before.description}) cannot be measured here: {why}.")
     run = start_run(bench, kind="remeasure", study_id=study_id)
     (number, trial_id), base_id = trial, baseline_trial(bench, study_id, config.batch_size)
     items = [Timed(build(task, config, bench.device)[0], task.example_input(config.batch_size))]

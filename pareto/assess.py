@@ -240,7 +240,14 @@ def complete(
     dtype = fields.pop("dtype")
     suspect = _roofline(fields, profile, dtype, notes) if profile is not None else None
     if measure.throughput_sweep:
-        _sweep(fields, model, task, config, device=device, threads=threads, measure=measure, slo_ms=slo_ms)
+        try:
+            _sweep(fields, model, task, config, device=device, threads=threads, measure=measure, slo_ms=slo_ms)
+        except (UsageError, MachineBusy):
+            raise
+        except Exception as exc:  # e.g. a served graph whose batch axis is fixed: the trial fails, reason kept
+            raise TechniqueError(
+                f"{config.describe()}: the throughput sweep failed: {type(exc).__name__}: {exc}"
+            ) from exc
     return Assessment(config, Metrics(**fields), 0.0, None, latency.elapsed_s, accuracy_s, notes, suspect)
 
 

@@ -25,8 +25,8 @@ from pareto._runs import (
     store_measurement,
     stored_metrics,
 )
-from pareto.compress import Config
-from pareto.errors import MachineBusy, NoFeasibleConfiguration
+from pareto.compress import Config, why_not_here
+from pareto.errors import MachineBusy, NoFeasibleConfiguration, UsageError
 from pareto.frontier import (
     DEFAULT_OBJECTIVE_NAMES,
     Candidate,
@@ -153,6 +153,11 @@ def confirm(
         result.note = "nothing to confirm: no frontier configuration is feasible or near the SLO"
         return result
     entries = _entries(bench, study_id, picks, trial_ids, env_key)
+    for _, pick, _, config in entries:
+        why = why_not_here(config, bench.task, bench.device)
+        if why is not None:
+            what = f"Trial {pick.trial} ({pick.description})" if pick is not None else config.describe()
+            raise UsageError(f"{what} cannot be measured here: {why}.")
     run = start_run(bench, kind="confirm", study_id=study_id)
     result.run, result.runs = run.run_id, [run.run_id]
     items = []

@@ -86,7 +86,7 @@ TORCHSCRIPT = "torchscript"
 ONNX = "onnx"
 ARTIFACT_NAMES = {TORCH_EXPORT: "model.pt2", TORCHSCRIPT: "model.torchscript.pt", ONNX: "model.onnx"}
 #: What differs between the measuring and the exporting environment that can change latency.
-ENVIRONMENT_FIELDS = ("device", "device_name", "driver", "cpu_model", "torch_version", "threads")
+ENVIRONMENT_FIELDS = ("device", "device_name", "driver", "cpu_model", "torch_version", "threads", "onnxruntime_version")
 #: Seconds the fresh process may take to import torch, load the artifact and run it.
 CHECK_TIMEOUT_S = 900
 
@@ -108,6 +108,7 @@ TECHNIQUE_NOTES: dict[str, str] = {
     "int8_weight_only": "torchao int8 weight tensors traced into torchao's operators; loading needs torchao",
     "compile": "not in the graph: the artifact holds the eager module; the load line calls torch.compile with the mode",
     "ort_int8_dynamic": "the ONNX graph with int8 weights (DynamicQuantizeLinear, MatMulInteger), as ORT ran it",
+    "ort_int8_static": "the ONNX graph with QuantizeLinear/DequantizeLinear pairs and calibrated scales, as ORT ran it",
 }
 
 _WHY = {
@@ -836,11 +837,13 @@ def _spec(value: Any, batch: int | None = None) -> list[dict[str, Any]]:
     return specs
 
 
-def _load_line(artifact: Artifact, compile_mode: str | None) -> str:
-    if artifact.format == ONNX:
+def _load_line(artifact: Artifact, compile_mode: str | None, threads: int | None = None) -> str:
+    if artifact.format == ONNX:  # the session options the latency was measured with
         return (
-            f'import onnxruntime; session = onnxruntime.InferenceSession("{artifact.file}", '
-            'providers=["CPUExecutionProvider"])'
+            "import onnxruntime; options = onnxruntime.SessionOptions(); "
+            f"options.intra_op_num_threads = {threads or 0}; options.inter_op_num_threads = 1; "
+            'options.add_session_config_entry("session.intra_op.allow_spinning", "0"); '
+            f'session = onnxruntime.InferenceSession("{artifact.file}", options, providers=["CPUExecutionProvider"])'
         )
     imports = ", ".join(["torch", *artifact.requires])
     loaded = (
@@ -917,7 +920,7 @@ def _manifest(
             "file": artifact.file,
             "format": artifact.format,
             "why": artifact.why,
-            "load": _load_line(artifact, compile_mode),
+            "load": _load_line(artifact, compile_mode, candidate.environment.get("threads")),
             "load_note": (
                 "run from this folder (the path is relative), then: "
                 + (

@@ -224,6 +224,47 @@ def test_export_writes_the_measured_onnx_graph(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["artifact"]["format"] == "onnx" and (out / "model.onnx").is_file()
-    assert manifest["artifact"]["load"].startswith("import onnxruntime; session = onnxruntime.InferenceSession(")
+    assert manifest["artifact"]["load"].startswith("import onnxruntime; options = onnxruntime.SessionOptions()")
+    assert 'allow_spinning", "0")' in manifest["artifact"]["load"]
     assert manifest["serve"]["backend"] == "onnxruntime" and manifest["reload_check"]["passed"]
     assert manifest["reload_check"]["pareto_imported"] == []  # loaded in a fresh process without pareto
+
+
+def test_an_onnxruntime_only_space_is_tried_to_its_end(db_url: str) -> None:
+    # 3 configurations on onnxruntime and the eager baseline, which is stored beside them: 4 in all
+    space = {"backend": ["onnxruntime"], "techniques": {"ort_int8_dynamic": {"per_channel": [False, True]}}}
+    result = run_search(_spec(space=space, search={"n_trials": 10, "seed": 1, "confirm_top": 0}), db_url=db_url)
+    assert result.exhausted == "all 4 configurations of the search space were tried in this environment"
+    with session_scope(open_engine(db_url)) as session:
+        keys = set(session.scalars(select(Trial.config_key).where(Trial.state == "COMPLETE")).all())
+    assert len(keys) == 4
+
+
+def test_backends_keep_one_order_whatever_the_command_line_says(tmp_path: Path) -> None:
+    from pareto._search import prepare
+
+    space = {"backend": ["onnxruntime", "eager"], "techniques": {"int8_dynamic": {}}}
+    setup = prepare(_spec(space=space), f"sqlite:///{tmp_path}/p.db", Quiet())
+    assert setup.backends == ("eager", "onnxruntime")  # Optuna's categorical must not change order in a study
+
+
+def test_what_onnx_runtime_cannot_hold_fails_the_trial_with_a_reason(task: Task) -> None:
+    config = Config(techniques=(get_technique("bf16"),), batch_size=8, backend="onnxruntime")
+    try:
+        served = apply(task.model, config, task)
+    except TechniqueError as exc:
+        assert "onnxruntime" in str(exc) or "ONNX" in str(exc)
+    else:  # where the exporter and ORT manage bfloat16, the served graph must still compute the model
+        with torch.inference_mode():
+            assert served(task.example_input(8)).shape == (8, 4)
+
+
+def test_the_session_is_opened_at_the_timed_thread_count_before_the_first_call(task: Task) -> None:
+    from pareto.measure.latency import RoundPlan, measure_latency
+
+    served = apply(task.model, ORT, task)
+    threads = torch.get_num_threads()
+    measure_latency(
+        served, task.example_input(8), device="cpu", plan=RoundPlan(samples=4, rounds=1, warmup=0), threads=1
+    )
+    assert served._threads == 1 and torch.get_num_threads() == threads

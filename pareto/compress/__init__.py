@@ -21,7 +21,7 @@ from pareto.compress.base import (
     register,
     registry,
 )
-from pareto.compress.pipeline import Config, apply, backend_reason
+from pareto.compress.pipeline import Config, apply, backend_reason, why_not_here
 
 __all__ = [
     "BACKENDS",
@@ -35,4 +35,5 @@ __all__ = [
     "get_technique",
     "register",
     "registry",
+    "why_not_here",
 ]

@@ -48,6 +48,8 @@ def onnxruntime_reason() -> str | None:
     for module in ("onnxruntime", "onnx", "onnxscript"):
         if importlib.util.find_spec(module) is None:
             return f"the onnxruntime backend needs {module}, which is not installed; {ONNX_HINT}."
+    if not hasattr(torch.export.Dim, "AUTO"):  # dynamic axes the exporter may fix: torch 2.6 and newer
+        return f"the onnxruntime backend needs torch 2.6 or newer for its ONNX export; this is {torch.__version__}."
     return None
 
 
@@ -184,6 +186,10 @@ class OrtModule(nn.Module):
             self._threads = threads
         return self._session
 
+    def pareto_ready(self) -> None:
+        """Open the session at the current thread count now (the timer calls this before its warm-up)."""
+        self.session()
+
     def forward(self, *args: Any) -> Any:
         session = self.session()
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
@@ -278,7 +284,7 @@ class OrtInt8Dynamic(Technique):
                         op_types_to_quantize=ops,
                     )
             except Exception as exc:  # ORT's quantizer refuses some graphs: the trial fails with its reason
-                raise TechniqueError(f"{self.describe()} failed: {type(exc).__name__}: {exc}") from exc
+                raise TechniqueError(f"{self.describe()} failed: {type(exc).__name__}: {_first_line(exc)}") from exc
             proto = onnx.load(str(target))
         quantized = OrtModule(proto, getattr(model, "pareto_source"))  # noqa: B009
         opened = time.perf_counter()
@@ -369,7 +375,7 @@ class OrtInt8Static(Technique):
                         op_types_to_quantize=["Conv", "MatMul", "Gemm"],
                     )
             except Exception as exc:  # ORT's quantizer refuses some graphs: the trial fails with its reason
-                raise TechniqueError(f"{self.describe()} failed: {type(exc).__name__}: {exc}") from exc
+                raise TechniqueError(f"{self.describe()} failed: {type(exc).__name__}: {_first_line(exc)}") from exc
             proto = onnx.load(str(target))
         quantized = OrtModule(proto, getattr(model, "pareto_source"))  # noqa: B009
         opened = time.perf_counter()

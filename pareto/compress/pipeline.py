@@ -135,6 +135,18 @@ def backend_reason(backend: str, device: str) -> str | None:
     return None
 
 
+def why_not_here(config: Config, task: Task | None, device: str) -> str | None:
+    """Why ``config`` cannot be built on ``device`` here (its backend, or one of its techniques), or None."""
+    why = backend_reason(config.backend, device)
+    if why is not None:
+        return f"the {config.backend} backend: {why.rstrip('.')}"
+    for technique in config.techniques:
+        why = technique.available(device, task)
+        if why is not None:
+            return f"{technique.name}: {why.rstrip('.')}"
+    return None
+
+
 def _serve(model: nn.Module, config: Config, task: Task) -> nn.Module:
     """``model`` on the configuration's backend; the build seconds stay on it as ``pareto_compile_s``."""
     if config.backend == "compile":
@@ -149,7 +161,13 @@ def _serve(model: nn.Module, config: Config, task: Task) -> nn.Module:
     if config.backend == "onnxruntime":
         from pareto.compress.onnxrt import to_onnxruntime
 
-        return to_onnxruntime(model, task)
+        try:
+            return to_onnxruntime(model, task)
+        except TechniqueError:
+            raise
+        except Exception as exc:  # e.g. a dtype ONNX Runtime's tensors cannot hold: the trial fails, reason kept
+            reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            raise TechniqueError(f"the onnxruntime backend failed on this model: {reason}") from exc
     return model
 
 
