@@ -86,7 +86,7 @@ TORCHSCRIPT = "torchscript"
 ONNX = "onnx"
 ARTIFACT_NAMES = {TORCH_EXPORT: "model.pt2", TORCHSCRIPT: "model.torchscript.pt", ONNX: "model.onnx"}
 #: What differs between the measuring and the exporting environment that can change latency.
-ENVIRONMENT_FIELDS = ("device", "device_name", "driver", "cpu_model", "torch_version", "threads", "onnxruntime_version")
+ENVIRONMENT_FIELDS = ("device", "device_name", "driver", "cpu_model", "torch_version", "threads")
 #: Seconds the fresh process may take to import torch, load the artifact and run it.
 CHECK_TIMEOUT_S = 900
 
@@ -298,7 +298,7 @@ def _export(selection: Selection, target: Path, staging: Path, fresh_process: bo
     check, args, expected = _check(selection, config, task, model, artifact, device, staging, fresh_process)
     here = fingerprint(device, torch.get_num_threads())
     here = {**here, "key": environment_key(here)}
-    differences = environment_differences(candidate.environment, here)
+    differences = environment_differences(candidate.environment, here, onnxruntime=config.backend == "onnxruntime")
     written = staging / artifact.file
     manifest = _manifest(
         selection,
@@ -810,13 +810,18 @@ def _close(actual: Any, expected: Any, rtol: float, atol: float) -> bool:
 # --- the manifest -----------------------------------------------------------------------------------
 
 
-def environment_differences(measured: dict[str, Any], here: dict[str, Any]) -> list[dict[str, Any]]:
+def environment_differences(
+    measured: dict[str, Any], here: dict[str, Any], *, onnxruntime: bool = False
+) -> list[dict[str, Any]]:
     """The ``ENVIRONMENT_FIELDS`` that differ between where a trial was measured and where it is exported.
 
     When both ran on the CPU, the device name is the CPU model: it is compared once, as ``cpu_model``.
+    With ``onnxruntime`` (a trial served by it), ONNX Runtime's version is compared too.
     """
     both_cpu = measured.get("device") == here.get("device") == "cpu"
     fields = [f for f in ENVIRONMENT_FIELDS if not (f == "device_name" and both_cpu)]
+    if onnxruntime:
+        fields.append("onnxruntime_version")
     return [
         {"field": f, "measured": measured.get(f), "here": here.get(f)} for f in fields if measured.get(f) != here.get(f)
     ]

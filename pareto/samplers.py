@@ -89,8 +89,9 @@ def suggest(
     """Draw one configuration (see the module's docstring for ``flat``).
 
     Unless ``backends`` is eager alone, the backend is drawn first (parameter ``backend``) and only the
-    techniques that run on it are drawn; a queued baseline (user attribute ``pareto_baseline``) is
-    always the uncompressed model on eager.
+    techniques that run on it are drawn (``flat``: all are drawn, those that do not run on it are
+    left out of the configuration); a queued baseline (user attribute ``pareto_baseline``) is always
+    the uncompressed model on eager.
     """
     batch_size = trial.suggest_categorical("batch_size", list(batch_sizes))
     if "pareto_baseline" in trial.user_attrs:
@@ -101,13 +102,14 @@ def suggest(
         backend = "eager"
     chosen: list[Technique] = []
     for name, space in techniques.items():
-        if backend not in registry()[name].backends:
+        runs_here = backend in registry()[name].backends
+        if not (runs_here or flat):  # flat: drawn all the same (and ignored), so every trial has every parameter
             continue
         on = trial.suggest_categorical(name, [False, True])
         if not (on or flat):
             continue
         params = {pname: _suggest_param(trial, f"{name}.{pname}", pspace) for pname, pspace in space.items()}
-        if on:
+        if on and runs_here:
             chosen.append(get_technique(name, params))
     return Config(techniques=tuple(chosen), batch_size=batch_size, backend=backend)
 

@@ -268,3 +268,13 @@ def test_the_session_is_opened_at_the_timed_thread_count_before_the_first_call(t
         served, task.example_input(8), device="cpu", plan=RoundPlan(samples=4, rounds=1, warmup=0), threads=1
     )
     assert served._threads == 1 and torch.get_num_threads() == threads
+
+
+def test_an_export_compares_onnx_runtime_versions_only_for_a_graph_it_serves() -> None:
+    from pareto.export import environment_differences
+
+    here = {"device": "cpu", "cpu_model": "x", "torch_version": "2", "threads": 2, "onnxruntime_version": "1.32.0"}
+    before = {**here, "onnxruntime_version": None}
+    assert environment_differences(before, here) == []  # an eager trial: ORT's version changes nothing
+    diff = environment_differences(before, here, onnxruntime=True)
+    assert diff == [{"field": "onnxruntime_version", "measured": None, "here": "1.32.0"}]

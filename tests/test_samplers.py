@@ -85,3 +85,22 @@ def test_the_grid_sampler_stops_when_every_point_is_taken() -> None:
 def test_an_unknown_sampler_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown sampler 'cmaes'"):
         make_sampler("cmaes", seed=0)
+
+
+@pytest.mark.parametrize("flat", [False, True])
+def test_a_drawn_backend_gets_only_the_techniques_that_run_on_it(flat: bool) -> None:
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    space = {"int8_dynamic": {}, "ort_int8_dynamic": {"per_channel": [False, True]}}
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    seen = set()
+    for _ in range(30):
+        trial = study.ask()
+        config = suggest(trial, [8], space, flat=flat, backends=("eager", "onnxruntime"))
+        names = {t.name for t in config.techniques}
+        assert "ort_int8_dynamic" not in names or config.backend == "onnxruntime"
+        assert "int8_dynamic" not in names or config.backend == "eager"
+        # flat: every trial holds every parameter, whatever its backend (the GP models them all)
+        assert ({"int8_dynamic", "ort_int8_dynamic"} <= set(trial.params)) == flat or config.backend == "eager"
+        seen.add(config.backend)
+        study.tell(trial, 0.0)
+    assert seen == {"eager", "onnxruntime"}

@@ -178,7 +178,7 @@ class OrtModule(nn.Module):
             options.inter_op_num_threads = 1
             options.log_severity_level = 3  # errors only
             # ORT's idle workers spin by default: on a small machine they slowed the next model's call
-            # (or the contention probe) 12x in a measurement here, so every interleaved comparison lost
+            # (or the contention probe) 7-12x at the median here (benchmarks/ort_spinning.py)
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
             options.add_session_config_entry("session.inter_op.allow_spinning", "0")
             self._session = ort.InferenceSession(self.onnx_bytes, options, providers=["CPUExecutionProvider"])

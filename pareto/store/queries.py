@@ -78,6 +78,8 @@ def environment_dict(env: Environment) -> dict[str, Any]:
         "cpu_model": env.cpu_model,
         "threads": env.threads,
         "hostname": env.hostname,
+        # where ONNX Runtime was installed (the version is part of the key then); None elsewhere
+        "onnxruntime_version": (env.details or {}).get("onnxruntime_version"),
     }
 
 
