@@ -278,3 +278,14 @@ def test_an_export_compares_onnx_runtime_versions_only_for_a_graph_it_serves() -
     assert environment_differences(before, here) == []  # an eager trial: ORT's version changes nothing
     diff = environment_differences(before, here, onnxruntime=True)
     assert diff == [{"field": "onnxruntime_version", "measured": None, "here": "1.32.0"}]
+
+
+def test_a_batch_of_one_is_exported_with_a_dynamic_batch(task: Task) -> None:
+    import dataclasses
+
+    single = dataclasses.replace(task, batch_size=1)
+    served = apply(single.model, Config(batch_size=1, backend="onnxruntime"), single)
+    for batch in (1, 5):  # traced on two rows: torch.export would have fixed an axis of size 1
+        with torch.inference_mode():
+            x = task.example_input(batch)
+            torch.testing.assert_close(served(x), task.model(x), rtol=1e-4, atol=1e-5)

@@ -78,26 +78,37 @@ def device_reason(device: str) -> str | None:
 
 
 def export_onnx(model: nn.Module, task: Task) -> onnx.ModelProto:
-    """Export ``model`` to ONNX on ``task.example_input(task.batch_size)``, every input axis dynamic where it can be.
+    """Export ``model`` to ONNX on the task's example input, every input axis dynamic where it can be.
 
     Uses the dynamo exporter (``torch.export`` underneath) with ``Dim.AUTO`` on each axis: an axis
-    the graph fixes stays fixed, the others follow the input. Nothing is printed.
+    the graph fixes stays fixed, the others follow the input. torch.export fixes an axis of size 1,
+    so a batch of 1 is traced on ``example_input(2)`` (then on ``example_input(1)`` if that fails):
+    the served graph then takes other batch sizes too (evaluation, the throughput sweep). Nothing is
+    printed.
 
     Raises:
         TechniqueError: the model cannot be exported (the exporter's reason is kept).
     """
-    inputs = task.example_input(task.batch_size)
-    args = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
-    dims = tuple(
-        {axis: torch.export.Dim.AUTO for axis in range(a.dim())} if isinstance(a, torch.Tensor) else None for a in args
-    )
-    try:
-        with _quiet():
-            program = torch.onnx.export(model.eval(), args, dynamo=True, dynamic_shapes=dims, verbose=False)
-    except Exception as exc:  # any exporter failure fails the trial, with the exporter's own words
-        raise TechniqueError(f"the model cannot be exported to ONNX: {type(exc).__name__}: {_first_line(exc)}") from exc
-    assert program is not None  # the dynamo exporter returns its program
-    return program.model_proto
+    batches = [max(task.batch_size, 2), task.batch_size] if task.batch_size < 2 else [task.batch_size]
+    failure: Exception | None = None
+    for batch in batches:
+        inputs = task.example_input(batch)
+        args = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+        dims = tuple(
+            {axis: torch.export.Dim.AUTO for axis in range(a.dim())} if isinstance(a, torch.Tensor) else None
+            for a in args
+        )
+        try:
+            with _quiet():
+                program = torch.onnx.export(model.eval(), args, dynamo=True, dynamic_shapes=dims, verbose=False)
+        except Exception as exc:  # any exporter failure fails the trial, with the exporter's own words
+            failure = exc
+            continue
+        assert program is not None  # the dynamo exporter returns its program
+        return program.model_proto
+    assert failure is not None
+    reason = f"{type(failure).__name__}: {_first_line(failure)}"
+    raise TechniqueError(f"the model cannot be exported to ONNX: {reason}") from failure
 
 
 @contextlib.contextmanager
