@@ -551,19 +551,15 @@ def _measure_beside_baseline(
     task: Any, config: Any, settings: Any, p99_ms: float | None, db: str | None
 ) -> dict[str, Any]:
     from pareto.assess import build, check_input_fits, complete, round_plan
-    from pareto.compress import Config, backend_reason
+    from pareto.compress import Config, why_not_here
     from pareto.measure.environment import environment_key
     from pareto.measure.latency import Timed, measure_interleaved
     from pareto.measure.memory import theoretical_bytes
 
     bench = _read_only_bench(task, settings, db)
-    reason = backend_reason(config.backend, bench["device"])
+    reason = why_not_here(config, task, bench["device"])
     if reason is not None:
-        raise UsageError(f"Backend {config.backend} cannot serve here: {reason.rstrip('.')}.")
-    for technique in config.techniques:
-        reason = technique.available(bench["device"], task)
-        if reason is not None:
-            raise UsageError(f"Technique {technique.name!r} cannot run here: {reason.rstrip('.')}.")
+        raise UsageError(f"{config.describe()} cannot run here: {reason}.")
     check_input_fits(task)
     base_config = Config(batch_size=config.batch_size)
     model, _, compile_s = build(task, config, bench["device"])

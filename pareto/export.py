@@ -475,21 +475,13 @@ def _device_here(measured: str) -> str:
 
 def _build(selection: Selection, task: Task, config: Config, device: str) -> nn.Module:
     """The compressed model, built as the measurement built it (``pareto.assess.build``'s call)."""
-    from pareto.compress import apply, backend_reason
+    from pareto.compress import apply, why_not_here
 
-    why = backend_reason(config.backend, device)
+    why = why_not_here(config, task, device)
     if why is not None:
         raise UsageError(
-            f"Trial {selection.trial} ({selection.candidate.description}) cannot be exported here: the "
-            f"{config.backend} backend cannot serve on {device}: {why.rstrip('.')}."
+            f"Trial {selection.trial} ({selection.candidate.description}) cannot be exported here, on {device}: {why}."
         )
-    for technique in config.techniques:
-        why = technique.available(device, task)
-        if why is not None:
-            raise UsageError(
-                f"Trial {selection.trial} ({selection.candidate.description}) cannot be exported here: technique "
-                f"{technique.name!r} cannot run on {device}: {why.rstrip('.')}."
-            )
     try:
         return apply(task.model, config, task, device=device)
     except TechniqueError as exc:

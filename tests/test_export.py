@@ -434,7 +434,7 @@ def test_another_environment_is_warned_about_and_force_replaces_an_earlier_expor
         (["--study", "tiny", "--trial", "1", "--environment", "nosuch"], 2, "matches none of study 'tiny'"),
         (["--study", "tiny", "--trial", "3", "--environment", "fff"], 2, "has no measurement in environment"),
         (["--study", "tiny", "--best", "--slo-p99", "1ns"], 1, "the closest is trial"),
-        (["--study", "tiny", "--trial", "7"], 2, "technique 'prune_2_4' cannot run on cpu"),
+        (["--study", "tiny", "--trial", "7"], 2, "on cpu: prune_2_4: 2:4 sparse kernels need"),
     ],
 )
 def test_bad_input_is_one_sentence_and_writes_nothing(
@@ -455,7 +455,7 @@ def test_torchao_techniques_are_refused_without_torchao(db: str, tmp_path: Path)
     reason = get_technique("int8_weight_only").available("cpu")
     if reason is None:
         pytest.skip("torchao is installed here")
-    with pytest.raises(UsageError, match="technique 'int8_weight_only' cannot run on cpu: needs torchao"):
+    with pytest.raises(UsageError, match="cannot be exported here, on cpu: int8_weight_only: needs torchao"):
         export(out_dir=tmp_path / "ao", study="tiny", trial=9, db=db)
     assert not (tmp_path / "ao").exists()
 

@@ -20,7 +20,9 @@ import contextlib
 import functools
 import importlib.util
 import io
+import itertools
 import logging
+import re
 import tempfile
 import time
 import warnings
@@ -33,6 +35,7 @@ from torch import nn
 
 from pareto.compress.base import Backend, Family, Technique, register
 from pareto.errors import TechniqueError
+from pareto.measure.latency import as_args
 
 if TYPE_CHECKING:
     import onnx
@@ -92,8 +95,7 @@ def export_onnx(model: nn.Module, task: Task) -> onnx.ModelProto:
     batches = [max(task.batch_size, 2), task.batch_size] if task.batch_size < 2 else [task.batch_size]
     failure: Exception | None = None
     for batch in batches:
-        inputs = task.example_input(batch)
-        args = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+        args = as_args(task.example_input(batch), None)
         dims = tuple(
             {axis: torch.export.Dim.AUTO for axis in range(a.dim())} if isinstance(a, torch.Tensor) else None
             for a in args
@@ -125,7 +127,8 @@ def _quiet() -> Iterator[None]:
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
+    """The first line of an error's message, without the terminal colours torch.onnx puts in it."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip()
     return text.splitlines()[0] if text else ""
 
 
@@ -201,13 +204,16 @@ class OrtModule(nn.Module):
         """Open the session at the current thread count now (the timer calls this before its warm-up)."""
         self.session()
 
-    def forward(self, *args: Any) -> Any:
-        session = self.session()
+    def feed(self, args: tuple[Any, ...]) -> dict[str, Any]:
+        """The session's input feed for ``model(*args)``: each tensor by its graph input's name, as numpy."""
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         if len(tensors) != len(self._names):
             raise TypeError(f"the ONNX graph takes {len(self._names)} tensor inputs, got {len(tensors)}")
-        feed = {name: t.detach().cpu().contiguous().numpy() for name, t in zip(self._names, tensors, strict=True)}
-        outputs = [torch.from_numpy(o) for o in session.run(None, feed)]
+        return {name: t.detach().cpu().contiguous().numpy() for name, t in zip(self._names, tensors, strict=True)}
+
+    def forward(self, *args: Any) -> Any:
+        session = self.session()
+        outputs = [torch.from_numpy(o) for o in session.run(None, self.feed(args))]
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
 
@@ -223,7 +229,11 @@ def to_onnxruntime(model: nn.Module, task: Task) -> OrtModule:
     if reason is not None:
         raise TechniqueError(reason)
     start = time.perf_counter()
-    module = OrtModule(export_onnx(model, task), model)
+    proto = export_onnx(model, task)
+    try:
+        module = OrtModule(proto, model)
+    except Exception as exc:  # e.g. initializers in a dtype torch cannot take from numpy (bfloat16)
+        raise TechniqueError(f"the exported graph cannot be loaded: {type(exc).__name__}: {_first_line(exc)}") from exc
     _first_call(module, task)
     setattr(module, "pareto_compile_s", time.perf_counter() - start)  # noqa: B010  (read by pareto.assess.build)
     return module
@@ -231,8 +241,7 @@ def to_onnxruntime(model: nn.Module, task: Task) -> OrtModule:
 
 def _first_call(module: OrtModule, task: Task) -> None:
     """Open the session and run it once on the task's input, so that a graph ORT cannot run fails here."""
-    inputs = task.example_input(task.batch_size)
-    args = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+    args = as_args(task.example_input(task.batch_size), None)
     try:
         with torch.inference_mode():
             module(*args)
@@ -241,34 +250,22 @@ def _first_call(module: OrtModule, task: Task) -> None:
         raise TechniqueError(f"ONNX Runtime cannot run the exported model: {reason}") from exc
 
 
-@register
-class OrtInt8Dynamic(Technique):
-    """ONNX Runtime's dynamic int8 quantization of the exported graph (``quantize_dynamic``).
+class _OrtGraphQuantizer(Technique):
+    """What ORT's quantizers share: they run on the onnxruntime backend, on the exported graph, and
+    write a quantized copy of it (``_quantize``) that becomes a new ``OrtModule``."""
 
-    Weights of MatMul and Gemm nodes (and, with ``op_types="all"``, of every op ORT can quantize,
-    embeddings' Gather and attention included) are stored as int8; activations are quantized per
-    call (uint8). Runs on the ``onnxruntime`` backend only, after the export.
-
-    Args:
-        per_channel: One scale per output channel instead of one per tensor (usually more accurate).
-        op_types: ``"matmul"`` (MatMul, Gemm) or ``"all"`` (ORT's default list).
-    """
-
-    name: ClassVar[str] = "ort_int8_dynamic"
     family: ClassVar[Family] = "quantize"
-    summary: ClassVar[str] = "ONNX Runtime quantize_dynamic: int8 weights of the exported graph (onnxruntime backend)"
-    order_in_family: ClassVar[int] = 10
     backends: ClassVar[tuple[Backend, ...]] = ("onnxruntime",)
     on_graph: ClassVar[bool] = True
-
-    per_channel: bool = False
-    op_types: Literal["matmul", "all"] = "matmul"
 
     def backend(self, device: str) -> str | None:
         return "onnxruntime"
 
     def available(self, device: str, task: Task | None = None) -> str | None:
         return device_reason(device)
+
+    def _quantize(self, model: OrtModule, task: Task, source: Path, target: Path) -> None:
+        raise NotImplementedError
 
     def apply(self, model: nn.Module, task: Task) -> nn.Module:
         """Return a new ``OrtModule`` with the quantized graph.
@@ -279,21 +276,15 @@ class OrtInt8Dynamic(Technique):
         if not isinstance(model, OrtModule):
             raise TechniqueError(f"{self.describe()} quantizes an ONNX graph: it runs on the onnxruntime backend only.")
         import onnx
-        from onnxruntime.quantization import QuantType, quantize_dynamic
 
         with tempfile.TemporaryDirectory(prefix="pareto-ort-") as folder:
             source, target = Path(folder) / "model.onnx", Path(folder) / "model.int8.onnx"
             source.write_bytes(model.onnx_bytes)
-            ops = ["MatMul", "Gemm"] if self.op_types == "matmul" else None
             try:
                 with _quiet():
-                    quantize_dynamic(
-                        source,
-                        target,
-                        weight_type=QuantType.QInt8,
-                        per_channel=self.per_channel,
-                        op_types_to_quantize=ops,
-                    )
+                    self._quantize(model, task, source, target)
+            except TechniqueError:
+                raise
             except Exception as exc:  # ORT's quantizer refuses some graphs: the trial fails with its reason
                 raise TechniqueError(f"{self.describe()} failed: {type(exc).__name__}: {_first_line(exc)}") from exc
             proto = onnx.load(str(target))
@@ -306,12 +297,44 @@ class OrtInt8Dynamic(Technique):
         return quantized
 
 
+@register
+class OrtInt8Dynamic(_OrtGraphQuantizer):
+    """ONNX Runtime's dynamic int8 quantization of the exported graph (``quantize_dynamic``).
+
+    Weights of MatMul and Gemm nodes (and, with ``op_types="all"``, of every op ORT can quantize,
+    embeddings' Gather and attention included) are stored as int8; activations are quantized per
+    call (uint8). Runs on the ``onnxruntime`` backend only, after the export.
+
+    Args:
+        per_channel: One scale per output channel instead of one per tensor (usually more accurate).
+        op_types: ``"matmul"`` (MatMul, Gemm) or ``"all"`` (ORT's default list).
+    """
+
+    name: ClassVar[str] = "ort_int8_dynamic"
+    summary: ClassVar[str] = "ONNX Runtime quantize_dynamic: int8 weights of the exported graph (onnxruntime backend)"
+    order_in_family: ClassVar[int] = 10
+
+    per_channel: bool = False
+    op_types: Literal["matmul", "all"] = "matmul"
+
+    def _quantize(self, model: OrtModule, task: Task, source: Path, target: Path) -> None:
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        quantize_dynamic(
+            source,
+            target,
+            weight_type=QuantType.QInt8,
+            per_channel=self.per_channel,
+            op_types_to_quantize=["MatMul", "Gemm"] if self.op_types == "matmul" else None,
+        )
+
+
 #: Batches of the task's data the static quantizer calibrates on (activation ranges), at most.
 CALIBRATION_BATCHES = 32
 
 
 @register
-class OrtInt8Static(Technique):
+class OrtInt8Static(_OrtGraphQuantizer):
     """ONNX Runtime's static int8 quantization of the exported graph, calibrated on the task's data.
 
     Convolutions and matrix products get int8 weights (per output channel by default) and int8
@@ -326,85 +349,38 @@ class OrtInt8Static(Technique):
     """
 
     name: ClassVar[str] = "ort_int8_static"
-    family: ClassVar[Family] = "quantize"
     summary: ClassVar[str] = (
         "ONNX Runtime quantize_static: int8 weights and activations of convs and matmuls, ranges calibrated on "
         "train_data (onnxruntime backend)"
     )
     order_in_family: ClassVar[int] = 11
-    backends: ClassVar[tuple[Backend, ...]] = ("onnxruntime",)
-    on_graph: ClassVar[bool] = True
 
     per_channel: bool = True
 
-    def backend(self, device: str) -> str | None:
-        return "onnxruntime"
-
-    def available(self, device: str, task: Task | None = None) -> str | None:
-        return device_reason(device)
-
-    def apply(self, model: nn.Module, task: Task) -> nn.Module:
-        """Return a new ``OrtModule`` with the calibrated int8 graph.
-
-        Raises:
-            TechniqueError: ``model`` is not an ONNX Runtime module, there is nothing to calibrate on,
-                or ORT's quantizer failed.
-        """
-        if not isinstance(model, OrtModule):
-            raise TechniqueError(f"{self.describe()} quantizes an ONNX graph: it runs on the onnxruntime backend only.")
-        import onnx
+    def _quantize(self, model: OrtModule, task: Task, source: Path, target: Path) -> None:
         from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
-        batches = _calibration_batches(task)
-        session = model.session()
-        names = [i.name for i in session.get_inputs()]
+        batches = iter(_calibration_batches(task))
+        model.session()  # the input names
 
         class Reader(CalibrationDataReader):
-            def __init__(self) -> None:
-                self.items = iter(batches)
-
             def get_next(self) -> dict[str, Any] | None:
-                args = next(self.items, None)
-                if args is None:
-                    return None
-                tensors = [a for a in args if isinstance(a, torch.Tensor)]
-                return {n: t.detach().cpu().contiguous().numpy() for n, t in zip(names, tensors, strict=True)}
+                args = next(batches, None)
+                return None if args is None else model.feed(args)
 
-        with tempfile.TemporaryDirectory(prefix="pareto-ort-") as folder:
-            source, target = Path(folder) / "model.onnx", Path(folder) / "model.int8.onnx"
-            source.write_bytes(model.onnx_bytes)
-            try:
-                with _quiet():
-                    quantize_static(
-                        source,
-                        target,
-                        Reader(),
-                        quant_format=QuantFormat.QDQ,
-                        activation_type=QuantType.QUInt8,
-                        weight_type=QuantType.QInt8,
-                        per_channel=self.per_channel,
-                        op_types_to_quantize=["Conv", "MatMul", "Gemm"],
-                    )
-            except Exception as exc:  # ORT's quantizer refuses some graphs: the trial fails with its reason
-                raise TechniqueError(f"{self.describe()} failed: {type(exc).__name__}: {_first_line(exc)}") from exc
-            proto = onnx.load(str(target))
-        quantized = OrtModule(proto, getattr(model, "pareto_source"))  # noqa: B009
-        opened = time.perf_counter()
-        _first_call(quantized, task)
-        built = getattr(model, "pareto_compile_s", 0.0) + time.perf_counter() - opened
-        setattr(quantized, "pareto_compile_s", built)  # noqa: B010
-        return quantized
+        quantize_static(
+            source,
+            target,
+            Reader(),
+            quant_format=QuantFormat.QDQ,
+            activation_type=QuantType.QUInt8,
+            weight_type=QuantType.QInt8,
+            per_channel=self.per_channel,
+            op_types_to_quantize=["Conv", "MatMul", "Gemm"],
+        )
 
 
 def _calibration_batches(task: Task) -> list[tuple[Any, ...]]:
-    """Up to ``CALIBRATION_BATCHES`` input tuples: ``train_data``'s inputs, else the example input."""
-    batches: list[tuple[Any, ...]] = []
-    for item in task.train_data or ():
-        inputs = item[0] if isinstance(item, (tuple, list)) and len(item) == 2 else item
-        batches.append(tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,))
-        if len(batches) >= CALIBRATION_BATCHES:
-            break
-    if not batches:
-        inputs = task.example_input(task.batch_size)
-        batches.append(tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,))
-    return batches
+    """Up to ``CALIBRATION_BATCHES`` argument tuples: ``train_data``'s inputs, else the example input."""
+    inputs = [item[0] for item in itertools.islice(task.train_data or (), CALIBRATION_BATCHES)]
+    return [as_args(x, None) for x in inputs or [task.example_input(task.batch_size)]]

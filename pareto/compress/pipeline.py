@@ -100,8 +100,7 @@ def apply(model: nn.Module, config: Config, task: Task, *, device: str | None = 
     if device is not None:
         compressed = compressed.to(device)
     served = dataclasses.replace(task, batch_size=config.batch_size)
-    on_module = [t for t in config.techniques if not t.on_graph]
-    for technique in on_module:
+    for technique in (t for t in config.techniques if not t.on_graph):
         compressed = _apply_one(technique, compressed, served)
         _route_around_fused_encoder_kernel(compressed)  # before the next technique (compile) sees it
     compressed = _serve(compressed, config, served)
@@ -123,11 +122,9 @@ def _apply_one(technique: Technique, model: nn.Module, task: Task) -> nn.Module:
 def backend_reason(backend: str, device: str) -> str | None:
     """Why configurations cannot be served on ``backend`` on ``device`` ("cpu", "cuda:0") here, or None."""
     if backend == "compile":
-        import torch
+        from pareto.compress.compile import Compile
 
-        from pareto.compress.compile import _compile_reason
-
-        return _compile_reason(torch.device(device).type)
+        return Compile().available(device)
     if backend == "onnxruntime":
         from pareto.compress.onnxrt import device_reason
 
@@ -152,22 +149,11 @@ def _serve(model: nn.Module, config: Config, task: Task) -> nn.Module:
     if config.backend == "compile":
         from pareto.compress.compile import Compile
 
-        try:
-            return Compile().apply(model, task)
-        except TechniqueError as exc:
-            raise TechniqueError(f"the compile backend: {exc}") from exc
-        except Exception as exc:  # a model torch.compile cannot compile fails the trial, reason kept
-            raise TechniqueError(f"the compile backend failed on this model: {type(exc).__name__}: {exc}") from exc
+        return _apply_one(Compile(), model, task)  # the compile technique in its default mode
     if config.backend == "onnxruntime":
         from pareto.compress.onnxrt import to_onnxruntime
 
-        try:
-            return to_onnxruntime(model, task)
-        except TechniqueError:
-            raise
-        except Exception as exc:  # e.g. a dtype ONNX Runtime's tensors cannot hold: the trial fails, reason kept
-            reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-            raise TechniqueError(f"the onnxruntime backend failed on this model: {reason}") from exc
+        return to_onnxruntime(model, task)
     return model
 
 
