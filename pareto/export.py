@@ -40,6 +40,10 @@ compile               the eager module's          compiled kernels are made at r
 (and the compile      ``model.pt2`` (or .ts)      runs them: the manifest's load line wraps the loaded module
 backend)                                          in ``torch.compile(..., mode=...)`` with the measured mode
                                                   (the compile backend: mode "default")
+int8_static           ``model.pt2``               the converted PT2E graph (int8 weights, quantize/dequantize
+(compile backend)                                 operators) as torch.export holds it; the load line imports
+                                                  torchao (which registers those operators), sets Inductor's
+                                                  ``freezing`` and compiles with static shapes, as measured
 the onnxruntime       ``model.onnx``              the ONNX graph ONNX Runtime measured, byte for byte (after
 backend,                                          ``ort_int8_dynamic``, with its int8 weights); the load line
 ort_int8_dynamic                                  opens an ``onnxruntime.InferenceSession`` on the CPU
@@ -55,6 +59,7 @@ one sentence.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -107,6 +112,10 @@ TECHNIQUE_NOTES: dict[str, str] = {
     ),
     "int8_weight_only": "torchao int8 weight tensors traced into torchao's operators; loading needs torchao",
     "compile": "not in the graph: the artifact holds the eager module; the load line calls torch.compile with the mode",
+    "int8_static": (
+        "the PT2E graph: int8 weights with quantize/dequantize operators (loading imports torchao, which registers "
+        "them); the load line compiles it with Inductor's freezing, which makes them oneDNN int8 kernels"
+    ),
     "ort_int8_dynamic": "the ONNX graph with int8 weights (DynamicQuantizeLinear, MatMulInteger), as ORT ran it",
     "ort_int8_static": "the ONNX graph with QuantizeLinear/DequantizeLinear pairs and calibrated scales, as ORT ran it",
 }
@@ -359,10 +368,13 @@ def _check(
         expected = _clone(model(*args))  # cloned: a CUDA-graph compiled model reuses its output buffers
     other_batch = 1 if config.batch_size != 1 else 2
     batches, other_expected, other_error = [args], None, None
+    # the eager module, so that a compiled one does not recompile for this shape, unless the artifact is
+    # checked compiled (a PT2E graph, whose eager run is the float reference of its int8 kernels)
+    reference = model if artifact.inductor_freezing else getattr(model, "_orig_mod", model)
     try:
         other_args = _arguments(task.example_input(other_batch), device)
         with torch.inference_mode():
-            other_expected = getattr(model, "_orig_mod", model)(*other_args)  # eager: no recompile for this shape
+            other_expected = reference(*other_args)
         batches.append(other_args)
     except Exception as exc:  # the task or model takes one batch size only: the check says so
         other_error = f"the compressed model itself fails on it ({_reason(exc)})"
@@ -388,7 +400,13 @@ def _check(
     other = loaded["outputs"][1] if len(batches) > 1 else None
     check = {
         "method": (
-            f"loaded with {_LOADERS[artifact.format]} {where}, run under torch.inference_mode on "
+            f"loaded with {_LOADERS[artifact.format]} {where}"
+            + (
+                ", compiled with Inductor's freezing and static shapes as the load line says"
+                if artifact.inductor_freezing
+                else ""
+            )
+            + f", run under torch.inference_mode on "
             f"example_input({config.batch_size}) (the measured batch), compared with the compressed model's "
             f"outputs by torch.testing.assert_close(rtol={rtol:g}, atol={atol:g}) ({basis})"
         ),
@@ -513,6 +531,8 @@ class Artifact:
     why: str
     #: torch.export only: whether the batch dimension was exported dynamic (the reload check says whether it runs)
     dynamic_batch: bool | None = None
+    #: compiled with Inductor's freezing and static shapes, as measured (int8_static's PT2E graph)
+    inductor_freezing: bool = False
 
 
 def _serialize(
@@ -532,9 +552,11 @@ def _serialize(
     if _has_torch_ao_quantized(eager):
         return _torchscript(eager, _arguments(task.example_input(batch_size), device), folder, requires, _INT8_EAGER)
     try:
-        return _torch_export(eager, task, batch_size, device, folder, requires)
+        artifact = _torch_export(eager, task, batch_size, device, folder, requires)
     except Exception as exc:  # a model torch.export cannot trace; TorchScript may still hold it
         export_error = _reason(exc)
+    else:
+        return dataclasses.replace(artifact, inductor_freezing=bool(getattr(eager, "pareto_inductor_freezing", False)))
     why = f"torch.export failed on this model ({export_error}), so the artifact is TorchScript"
     try:
         return _torchscript(eager, _arguments(task.example_input(batch_size), device), folder, requires, why)
@@ -594,9 +616,12 @@ def _has_torch_ao_quantized(model: nn.Module) -> bool:
 
 
 def _requires(model: nn.Module) -> list[str]:
-    """Modules beside torch that loading the artifact imports: torchao when its tensor subclasses are in the model."""
+    """Modules beside torch that loading the artifact imports: torchao when its tensor subclasses are in the
+    model; what a technique names (``pareto_requires``: the library that registers a PT2E graph's operators)."""
     tensors = [*model.parameters(), *model.buffers()]
-    return ["torchao"] if any(type(t).__module__.startswith("torchao") for t in tensors) else []
+    named = list(getattr(model, "pareto_requires", ()))
+    subclasses = ["torchao"] if any(type(t).__module__.startswith("torchao") for t in tensors) else []
+    return list(dict.fromkeys([*named, *subclasses]))
 
 
 def _reason(exc: BaseException) -> str:
@@ -616,7 +641,7 @@ _LOADERS = {
 _CHILD = r"""
 import importlib, json, sys
 import torch
-artifact, fmt, requires, out, *inputs = sys.argv[1:]
+artifact, fmt, requires, frozen, out, *inputs = sys.argv[1:]
 for name in json.loads(requires):
     importlib.import_module(name)
 if fmt == "onnx":
@@ -631,6 +656,10 @@ elif fmt == "torch.export":
     model = torch.export.load(artifact).module()
 else:
     model = torch.jit.load(artifact)
+if frozen == "1":  # compiled as its load line says, as it was measured
+    import torch._inductor.config
+    torch._inductor.config.freezing = True
+    model = torch.compile(model, dynamic=False)
 results, errors = [], []
 for path in inputs:
     args = torch.load(path, weights_only=True)
@@ -663,7 +692,7 @@ def _run_fresh(artifact: Artifact, folder: Path, batches: list[tuple[Any, ...]])
         paths.append(str(path))
     out = folder / "check-output.pt"
     command = [sys.executable, "-c", _CHILD, str(folder / artifact.file), artifact.format]
-    command += [json.dumps(artifact.requires), str(out), *paths]
+    command += [json.dumps(artifact.requires), "1" if artifact.inductor_freezing else "0", str(out), *paths]
     try:
         proc = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=CHECK_TIMEOUT_S)
     except subprocess.TimeoutExpired as exc:
@@ -704,6 +733,10 @@ def _run_here(artifact: Artifact, folder: Path, batches: list[tuple[Any, ...]]) 
         model = torch.export.load(path).module()
     else:
         model = torch.jit.load(str(path))
+    if artifact.inductor_freezing:  # compiled as its load line says, as it was measured
+        from pareto.compress.compile import FrozenCompiled
+
+        model = FrozenCompiled(model, "default")
     outputs: list[Any] = []
     errors: list[str | None] = []
     for args in batches:
@@ -834,6 +867,13 @@ def _spec(value: Any, batch: int | None = None) -> list[dict[str, Any]]:
     return specs
 
 
+def _compile_call(artifact: Artifact, compile_mode: str, loaded: str) -> str:
+    """``torch.compile`` as measured: with Inductor's freezing and static shapes for a PT2E graph."""
+    if artifact.inductor_freezing:
+        return f'torch.compile({loaded}, mode="{compile_mode}", dynamic=False)'
+    return f'torch.compile({loaded}, mode="{compile_mode}")'
+
+
 def _load_line(artifact: Artifact, compile_mode: str | None, threads: int | None = None) -> str:
     if artifact.format == ONNX:  # the session options the latency was measured with
         return (
@@ -842,15 +882,17 @@ def _load_line(artifact: Artifact, compile_mode: str | None, threads: int | None
             'options.add_session_config_entry("session.intra_op.allow_spinning", "0"); '
             f'session = onnxruntime.InferenceSession("{artifact.file}", options, providers=["CPUExecutionProvider"])'
         )
-    imports = ", ".join(["torch", *artifact.requires])
+    freezing = compile_mode is not None and artifact.inductor_freezing
+    imports = ", ".join(["torch", *(["torch._inductor.config"] if freezing else []), *artifact.requires])
     loaded = (
         f'torch.export.load("{artifact.file}").module()'
         if artifact.format == TORCH_EXPORT
         else f'torch.jit.load("{artifact.file}")'
     )
     if compile_mode is not None:
-        loaded = f'torch.compile({loaded}, mode="{compile_mode}")'
-    return f"import {imports}; model = {loaded}"
+        loaded = _compile_call(artifact, compile_mode, loaded)
+    settings = "torch._inductor.config.freezing = True; " if freezing else ""
+    return f"import {imports}; {settings}model = {loaded}"
 
 
 def _manifest(
@@ -944,7 +986,11 @@ def _manifest(
             ),
             "backend": config.backend,
             "torch_compile": (
-                {"mode": compile_mode, "call": f'model = torch.compile(model, mode="{compile_mode}")'}
+                {
+                    "mode": compile_mode,
+                    "call": f"model = {_compile_call(artifact, compile_mode, 'model')}",
+                    "inductor_config": {"freezing": True} if artifact.inductor_freezing else {},
+                }
                 if compile_mode is not None
                 else None
             ),

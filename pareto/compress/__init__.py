@@ -9,6 +9,7 @@ from pareto.compress import (  # noqa: F401  (register the techniques)
     lowrank,
     onnxrt,
     prune,
+    pt2e,
     quantize,
 )
 from pareto.compress.base import (

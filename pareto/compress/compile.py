@@ -7,7 +7,9 @@ import importlib.util
 import os
 import shutil
 import time
-from typing import TYPE_CHECKING, ClassVar, Literal, cast
+import warnings
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 
 import torch
 from torch import nn
@@ -84,8 +86,11 @@ class Compile(Technique):
         inputs = task.example_input(task.batch_size)
         items = inputs if isinstance(inputs, (tuple, list)) else (inputs,)
         args = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in items)
-        torch.compiler.reset()
-        compiled = torch.compile(model.eval(), mode=self.mode)
+        reset_compiler()
+        if getattr(model, "pareto_inductor_freezing", False):  # a PT2E-quantized graph (int8_static)
+            compiled: nn.Module = FrozenCompiled(model.eval(), self.mode)
+        else:
+            compiled = cast("nn.Module", torch.compile(model.eval(), mode=self.mode))
         with torch.inference_mode():
             start = time.perf_counter()
             compiled(*args)
@@ -93,4 +98,74 @@ class Compile(Technique):
                 torch.cuda.synchronize(device)
             elapsed = time.perf_counter() - start
         setattr(compiled, "pareto_compile_s", elapsed)  # noqa: B010  (read back by pareto.assess.build)
-        return cast("nn.Module", compiled)
+        return compiled
+
+
+#: Input signatures (shapes, dtypes, grad mode) one ``FrozenCompiled`` may compile a graph for.
+FROZEN_RECOMPILE_LIMIT = 64
+
+_resets = 0
+
+
+def reset_compiler() -> None:
+    """``torch.compiler.reset()``, counted: a ``FrozenCompiled`` built before it compiles again on its next call."""
+    global _resets
+    torch.compiler.reset()
+    _resets += 1
+
+
+class FrozenCompiled(nn.Module):
+    """``torch.compile`` with Inductor's freezing on and static shapes: how a PT2E-quantized graph is served.
+
+    Freezing treats the weights as constants, which is what lets Inductor fold the quantized
+    weights and replace quantize/dequantize pairs around convolutions and matrix products with
+    oneDNN's int8 kernels (PyTorch's PT2E tutorial for X86 sets ``torch._inductor.config.freezing``).
+    Dynamo reads that flag when it traces as well as Inductor when it compiles, so ``torch.compile``'s
+    ``options`` cannot carry it: it is set while a call compiles, and restored after. Which calls
+    compile is known here: one per new input signature (shapes and dtypes of the tensors, grad and
+    inference mode), since shapes are static (Inductor's freezing with a dynamic batch axis failed a
+    stride assertion on these graphs, torch 2.13). Calls with a signature seen before run the
+    compiled graph directly, without touching any setting, unless the compiler was reset since
+    (``reset_compiler``: each build of a compiled configuration does it, so that an interleaved
+    measurement of several models recompiles this one on its next call, with freezing again).
+
+    Attributes:
+        _orig_mod: The module compiled (as on ``torch.compile``'s wrapper: memory and FLOPs are read on it).
+    """
+
+    def __init__(self, model: nn.Module, mode: CompileMode) -> None:
+        super().__init__()
+        self._orig_mod = model
+        compiled = torch.compile(model, mode=mode, dynamic=False)
+        self._compiled: Callable[..., Any]
+        object.__setattr__(self, "_compiled", compiled)  # not a submodule: the weights are _orig_mod's
+        self._signatures: set[tuple[Any, ...]] = set()
+        self._resets = _resets
+        declared = getattr(model, "pareto_compute_dtype", None)
+        if declared is not None:
+            self.pareto_compute_dtype = declared
+
+    def forward(self, *args: Any) -> Any:
+        signature = (
+            torch.is_grad_enabled(),
+            torch.is_inference_mode_enabled(),
+            *((tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor) else type(a) for a in args),
+        )
+        if self._resets != _resets:  # the compiler forgot every graph: each signature compiles again
+            self._signatures.clear()
+            self._resets = _resets
+        if signature in self._signatures:
+            return self._compiled(*args)
+        import torch._dynamo.config as dynamo_config
+        import torch._inductor.config as inductor_config
+
+        limit = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"  # torch < 2.6
+        with (
+            inductor_config.patch(freezing=True),
+            dynamo_config.patch({limit: FROZEN_RECOMPILE_LIMIT}),
+            warnings.catch_warnings(),
+        ):
+            warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\._inductor")  # its own advice
+            output = self._compiled(*args)
+        self._signatures.add(signature)
+        return output

@@ -16,17 +16,11 @@ the tool a user would reach for without pareto.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib.util
-import io
-import itertools
-import logging
 import re
 import tempfile
 import time
-import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -34,6 +28,7 @@ import torch
 from torch import nn
 
 from pareto.compress.base import Backend, Family, Technique, register
+from pareto.compress.tracing import calibration_inputs, quiet, trace_inputs
 from pareto.errors import TechniqueError
 from pareto.measure.latency import as_args
 
@@ -92,16 +87,10 @@ def export_onnx(model: nn.Module, task: Task) -> onnx.ModelProto:
     Raises:
         TechniqueError: the model cannot be exported (the exporter's reason is kept).
     """
-    batches = [max(task.batch_size, 2), task.batch_size] if task.batch_size < 2 else [task.batch_size]
     failure: Exception | None = None
-    for batch in batches:
-        args = as_args(task.example_input(batch), None)
-        dims = tuple(
-            {axis: torch.export.Dim.AUTO for axis in range(a.dim())} if isinstance(a, torch.Tensor) else None
-            for a in args
-        )
+    for args, dims in trace_inputs(task):
         try:
-            with _quiet():
+            with quiet():
                 program = torch.onnx.export(model.eval(), args, dynamo=True, dynamic_shapes=dims, verbose=False)
         except Exception as exc:  # any exporter failure fails the trial, with the exporter's own words
             failure = exc
@@ -111,19 +100,6 @@ def export_onnx(model: nn.Module, task: Task) -> onnx.ModelProto:
     assert failure is not None
     reason = f"{type(failure).__name__}: {_first_line(failure)}"
     raise TechniqueError(f"the model cannot be exported to ONNX: {reason}") from failure
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """Keep the exporter's and the quantizer's progress lines, warnings and advice off the terminal."""
-    previous = logging.root.manager.disable
-    logging.disable(logging.WARNING)  # "torchvision is not installed…", "consider pre-processing…"
-    try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logging.disable(previous)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -281,7 +257,7 @@ class _OrtGraphQuantizer(Technique):
             source, target = Path(folder) / "model.onnx", Path(folder) / "model.int8.onnx"
             source.write_bytes(model.onnx_bytes)
             try:
-                with _quiet():
+                with quiet():
                     self._quantize(model, task, source, target)
             except TechniqueError:
                 raise
@@ -329,10 +305,6 @@ class OrtInt8Dynamic(_OrtGraphQuantizer):
         )
 
 
-#: Batches of the task's data the static quantizer calibrates on (activation ranges), at most.
-CALIBRATION_BATCHES = 32
-
-
 @register
 class OrtInt8Static(_OrtGraphQuantizer):
     """ONNX Runtime's static int8 quantization of the exported graph, calibrated on the task's data.
@@ -341,7 +313,7 @@ class OrtInt8Static(_OrtGraphQuantizer):
     activations whose ranges were fixed beforehand (``quantize_static``, QDQ format, MinMax
     calibration), so no range is computed per call: the int8 path for CNNs, where dynamic
     quantization only reaches the Linear head. Calibration runs the exported float graph on up to
-    ``CALIBRATION_BATCHES`` inputs of ``task.train_data`` (the inputs only; labels are not used), or
+    ``tracing.CALIBRATION_BATCHES`` (32) inputs of ``task.train_data`` (the inputs only; labels are not used), or
     on ``task.example_input`` when the task has no training data. Runs on the ``onnxruntime`` backend.
 
     Args:
@@ -360,7 +332,7 @@ class OrtInt8Static(_OrtGraphQuantizer):
     def _quantize(self, model: OrtModule, task: Task, source: Path, target: Path) -> None:
         from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
-        batches = iter(_calibration_batches(task))
+        batches = iter(calibration_inputs(task))
         model.session()  # the input names
 
         class Reader(CalibrationDataReader):
@@ -378,9 +350,3 @@ class OrtInt8Static(_OrtGraphQuantizer):
             per_channel=self.per_channel,
             op_types_to_quantize=["Conv", "MatMul", "Gemm"],
         )
-
-
-def _calibration_batches(task: Task) -> list[tuple[Any, ...]]:
-    """Up to ``CALIBRATION_BATCHES`` argument tuples: ``train_data``'s inputs, else the example input."""
-    inputs = [item[0] for item in itertools.islice(task.train_data or (), CALIBRATION_BATCHES)]
-    return [as_args(x, None) for x in inputs or [task.example_input(task.batch_size)]]

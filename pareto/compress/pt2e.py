@@ -1,0 +1,194 @@
+"""Static int8 through PyTorch 2 export quantization (PT2E), lowered by TorchInductor to oneDNN's int8 kernels.
+
+The flow of PyTorch's "PyTorch 2 Export Quantization with X86 Backend through Inductor" tutorial:
+``torch.export`` the model (batch axis dynamic), ``prepare_pt2e`` with the ``X86InductorQuantizer``
+(int8 weights per output channel, uint8 activations per tensor, for convolutions, linears and the
+ops between them), run calibration data through the observers, ``convert_pt2e``, then compile with
+Inductor's freezing on (``pareto.compress.compile.FrozenCompiled``), which folds each
+quantize/dequantize pair around a convolution or matrix product into one int8 kernel. Without that
+compile the converted graph runs the reference quantize/dequantize ops in float and is slower than
+the model it came from, so ``int8_static`` is served on the ``compile`` backend only.
+
+The quantizer lives in torchao (``torchao.quantization.pt2e``, the optional extra
+``pareto-slo[torchao]``); PyTorch releases before it moved there have it in ``torch.ao`` and are
+used when torchao is absent.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import platform
+import types
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+from torch import nn
+
+from pareto.compress.base import Backend, Family, Technique, model_device, register
+from pareto.compress.compile import _compile_reason
+from pareto.compress.quantize import TORCHAO_HINT, _has_ao_quantized, _is_wrapper_tensor
+from pareto.compress.tracing import calibration_inputs, quiet, trace_inputs
+from pareto.errors import TechniqueError
+
+if TYPE_CHECKING:
+    from pareto.task import Task
+
+#: Where the PT2E entry points and the X86 Inductor quantizer are, newest home first.
+_HOMES = (
+    ("torchao.quantization.pt2e", "torchao.quantization.pt2e.quantizer.x86_inductor_quantizer"),
+    ("torch.ao.quantization", "torch.ao.quantization.quantizer.x86_inductor_quantizer"),
+)
+
+
+@functools.cache
+def _pt2e() -> tuple[SimpleNamespace | None, str]:
+    """``(prepare_pt2e, convert_pt2e, X86InductorQuantizer and its default config; the library)``, or
+    ``(None, why not)``."""
+    failures = []
+    for flow, quantizer in _HOMES:
+        try:
+            with quiet():
+                quantize_pt2e = importlib.import_module(f"{flow}.quantize_pt2e")
+                quantizer_module = importlib.import_module(quantizer)
+        except Exception as exc:  # absent, or built for another torch: try the next home
+            failures.append(f"{flow.split('.')[0]}: {type(exc).__name__}")
+            continue
+        return SimpleNamespace(
+            prepare=quantize_pt2e.prepare_pt2e,
+            convert=quantize_pt2e.convert_pt2e,
+            quantizer=quantizer_module.X86InductorQuantizer,
+            config=quantizer_module.get_default_x86_inductor_quantization_config,
+        ), flow.split(".")[0]
+    return None, TORCHAO_HINT
+
+
+def pt2e_reason(device: str) -> str | None:
+    """Why PT2E static int8 with the X86 Inductor quantizer cannot run on ``device`` here, or None."""
+    if not device.startswith("cpu"):
+        return f"it lowers to oneDNN's int8 kernels for x86 CPUs; the device is {device}."
+    if platform.machine().lower() not in {"x86_64", "amd64", "i686", "x86"}:
+        return f"the X86 Inductor quantizer targets x86 CPUs; this machine is {platform.machine()}."
+    if not hasattr(torch.export.Dim, "AUTO"):
+        return f"needs torch 2.6 or newer (torch.export with Dim.AUTO); this is {torch.__version__}."
+    flow, why = _pt2e()
+    if flow is None:
+        return why
+    return _compile_reason("cpu")
+
+
+def _drop_unused_attributes(graph: torch.fx.GraphModule) -> None:
+    """Delete the parameters and buffers the converted graph no longer reads.
+
+    ``convert_pt2e`` folds each weight's quantization into an int8 constant and leaves the float
+    weight behind, unused: deleting it makes memory and the compression ratio those of what runs.
+    """
+    used = {str(node.target) for node in graph.graph.nodes if node.op == "get_attr"}
+    for name, _ in [*graph.named_parameters(), *graph.named_buffers()]:
+        if name not in used:
+            owner, _, attribute = name.rpartition(".")
+            delattr(graph.get_submodule(owner) if owner else graph, attribute)
+    graph.delete_all_unused_submodules()
+
+
+def _eval_only(graph: nn.Module) -> None:
+    """Make ``train()`` and ``eval()`` return the graph unchanged.
+
+    An exported graph refuses both (its mode was fixed when it was traced: here, eval), and the
+    library's permissive switch returns None, which breaks ``model.eval()(x)``.
+    """
+
+    def unchanged(self: nn.Module, mode: bool = True) -> nn.Module:
+        return self
+
+    graph.train = types.MethodType(unchanged, graph)  # type: ignore[method-assign]
+    graph.eval = types.MethodType(unchanged, graph)  # type: ignore[method-assign]
+
+
+@register
+class Int8Static(Technique):
+    """Static int8 of convolutions and linears by PT2E quantization, calibrated on the task's data.
+
+    Weights become int8 (one scale per output channel) and activations uint8 with ranges fixed
+    beforehand from calibration: up to 32 batches of ``task.train_data``'s inputs (labels unused),
+    or the example input when the task has none. Batch norms are folded into the convolutions. The
+    result runs on the ``compile`` backend, where Inductor (with freezing) turns it into oneDNN int8
+    kernels; x86 CPUs only (the X86 Inductor quantizer). The model must be float32 and exportable
+    with ``torch.export``; one integer quantization per configuration.
+    """
+
+    name: ClassVar[str] = "int8_static"
+    family: ClassVar[Family] = "quantize"
+    summary: ClassVar[str] = (
+        "PT2E static int8 (X86 Inductor quantizer): int8 convs and linears, activation ranges calibrated on "
+        "train_data, lowered to oneDNN by torch.compile (compile backend, x86 CPU)"
+    )
+    #: the float graph goes to torch.export: after any other quantization, so that it can say why it cannot
+    order_in_family: ClassVar[int] = 5
+    backends: ClassVar[tuple[Backend, ...]] = ("compile",)
+
+    def backend(self, device: str) -> str | None:
+        flow, where = _pt2e()
+        return f"{where} pt2e + inductor" if flow is not None else None
+
+    def available(self, device: str, task: Task | None = None) -> str | None:
+        return pt2e_reason(device)
+
+    def apply(self, model: nn.Module, task: Task) -> nn.Module:
+        """Return the converted graph module, marked to be compiled with freezing.
+
+        Raises:
+            TechniqueError: the quantizer cannot run here, the model is not float32, is quantized
+                already, or cannot be exported.
+        """
+        reason = self.available(str(model_device(model)))
+        if reason is not None:
+            raise TechniqueError(f"{self.describe()}: {reason}")
+        tensors = [*model.parameters(), *model.buffers()]
+        if _has_ao_quantized(model) or any(_is_wrapper_tensor(t) for t in tensors):
+            raise TechniqueError(
+                f"{self.describe()}: the model is quantized or 2:4 sparse already; "
+                "use one integer quantization per configuration."
+            )
+        if any(t.is_floating_point() and t.dtype != torch.float32 for t in tensors):
+            raise TechniqueError(
+                f"{self.describe()} quantizes a float32 model; drop fp16/bf16 from this configuration."
+            )
+        flow, library = _pt2e()
+        assert flow is not None  # available() said so
+        graph = _export(self, model.eval(), task)
+        with quiet():
+            prepared = flow.prepare(graph, flow.quantizer().set_global(flow.config()))
+            with torch.no_grad():
+                for args in calibration_inputs(task):
+                    prepared(*args)
+            converted = flow.convert(prepared)
+        _drop_unused_attributes(converted)
+        _eval_only(converted)
+        converted.requires_grad_(False)
+        converted.pareto_inductor_freezing = True  # read by pareto.compress.compile.Compile
+        converted.pareto_compute_dtype = "int8"  # read by pareto.measure.compute.compute_dtype
+        # the library that registers the graph's quantize/dequantize operators: loading an export imports it
+        converted.pareto_requires = ["torchao" if library == "torchao" else "torch.ao.quantization"]
+        return converted
+
+
+def _export(technique: Technique, model: nn.Module, task: Task) -> torch.fx.GraphModule:
+    """``torch.export`` of ``model`` (non-strict), batch axis dynamic, as a graph module.
+
+    Raises:
+        TechniqueError: torch.export failed on every trace input (its first line is kept).
+    """
+    failure: Exception | None = None
+    for args, dims in trace_inputs(task):
+        try:
+            with quiet():
+                return torch.export.export(model, args, dynamic_shapes=dims, strict=False).module()
+        except Exception as exc:  # torch.export's reason fails the trial
+            failure = exc
+    assert failure is not None
+    first = str(failure).strip().splitlines()[0] if str(failure).strip() else ""
+    raise TechniqueError(
+        f"{technique.describe()}: the model cannot be exported with torch.export: {type(failure).__name__}: {first}"
+    ) from failure

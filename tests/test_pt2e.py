@@ -1,0 +1,202 @@
+"""int8_static: PT2E static int8 (X86 Inductor quantizer), served compiled with Inductor's freezing.
+
+The first tests run everywhere (the capability check, the freezing wrapper); the rest need torchao
+(``pip install -e '.[torchao]'``), which CI installs after the main suite to run this file again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from pydantic import ValidationError
+from sqlalchemy import select
+from torch import nn
+
+import pareto.compress.compile as compile_module
+import pareto.compress.pt2e as pt2e
+from pareto._cli.cli import cli
+from pareto._search import run_search
+from pareto.compress import Config, apply, describe_techniques, get_technique, why_not_here
+from pareto.compress.compile import Compile, FrozenCompiled, reset_compiler
+from pareto.compress.quantize import TORCHAO_HINT
+from pareto.errors import TechniqueError
+from pareto.measure.compute import compute_dtype, count_flops
+from pareto.measure.memory import params_bytes
+from pareto.spec import SearchSpec
+from pareto.store.engine import open_engine, session_scope
+from pareto.store.models import Trial
+from pareto.task import Task
+
+STATIC = Config(techniques=(get_technique("int8_static"),), batch_size=8, backend="compile")
+HAS_PT2E = pt2e.pt2e_reason("cpu") is None
+needs_pt2e = pytest.mark.skipif(not HAS_PT2E, reason=f"int8_static cannot run here: {pt2e.pt2e_reason('cpu')}")
+
+
+def test_int8_static_is_served_compiled_and_says_why_it_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValidationError, match="int8_static runs on the compile backend, not on eager"):
+        Config(techniques=(get_technique("int8_static"),), batch_size=8)
+    assert "oneDNN's int8 kernels for x86 CPUs; the device is cuda:0" in str(pt2e.pt2e_reason("cuda:0"))
+    monkeypatch.setattr(pt2e, "_pt2e", lambda: (None, TORCHAO_HINT))
+    assert pt2e.pt2e_reason("cpu") == TORCHAO_HINT
+    assert why_not_here(STATIC, None, "cpu") == f"int8_static: {TORCHAO_HINT.rstrip('.')}"
+    monkeypatch.setattr(pt2e.platform, "machine", lambda: "aarch64")
+    assert pt2e.pt2e_reason("cpu") == "the X86 Inductor quantizer targets x86 CPUs; this machine is aarch64."
+    row = next(t for t in describe_techniques("cpu") if t["name"] == "int8_static")
+    assert row["backends"] == ["compile"] and row["family"] == "quantize"
+
+
+def test_frozen_compiled_sets_freezing_only_while_a_new_signature_compiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch._inductor.config as inductor_config
+
+    seen: list[bool] = []
+
+    def compiled(x: torch.Tensor) -> torch.Tensor:  # stands in for torch.compile's wrapper
+        seen.append(bool(inductor_config.freezing))
+        return x * 2
+
+    model = nn.Identity()
+    model.pareto_compute_dtype = "int8"
+    frozen = FrozenCompiled(model, "default")
+    object.__setattr__(frozen, "_compiled", compiled)
+    frozen(torch.ones(2, 3))  # a new shape: Dynamo and Inductor compile it, with freezing
+    frozen(torch.ones(2, 3))  # seen: no setting touched
+    frozen(torch.ones(5, 3))  # another batch: compiles again, with freezing
+    with torch.inference_mode():
+        frozen(torch.ones(5, 3))  # another grad mode is another graph for Dynamo
+    reset_compiler()  # every graph forgotten: the next call compiles again, so freezing is on again
+    frozen(torch.ones(2, 3))
+    assert seen == [True, False, True, True, True]
+    assert inductor_config.freezing is False  # restored: other models compile as before
+    assert frozen.pareto_compute_dtype == "int8" and frozen._orig_mod is model
+
+
+def test_compile_wraps_only_a_graph_marked_for_freezing(monkeypatch: pytest.MonkeyPatch) -> None:
+    if compile_module._compile_reason("cpu") is not None:
+        pytest.skip(str(compile_module._compile_reason("cpu")))
+    marked = nn.Sequential(nn.Linear(4, 4), nn.ReLU()).eval()
+    marked.pareto_inductor_freezing = True
+    x = torch.randn(3, 4)
+    task = Task(name="t", model=marked, example_input=lambda n: x[:n], evaluate=lambda m: 1.0, batch_size=3)
+    served = Compile().apply(marked, task)
+    assert isinstance(served, FrozenCompiled) and served.pareto_compile_s > 0
+    with torch.inference_mode():
+        torch.testing.assert_close(served(x), marked(x), rtol=1e-4, atol=1e-5)
+    plain = Compile().apply(nn.Sequential(nn.Linear(4, 4)).eval(), task)
+    assert not isinstance(plain, FrozenCompiled)
+
+
+# --- with torchao ---------------------------------------------------------------------------------
+
+
+def _conv_task() -> Task:
+    """Conv, batch norm and ReLU twice, pooled Linear head; calibration data with signal."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU(),
+        nn.Conv2d(32, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10),
+    )  # fmt: skip
+    with torch.no_grad():  # batch-norm statistics that are not the identity: folding them is then checked
+        for bn in (model[1], model[4]):
+            bn.running_mean.uniform_(-0.2, 0.2)
+            bn.running_var.uniform_(0.5, 2.0)
+    model.eval()
+    x = torch.randn(96, 3, 12, 12, generator=torch.Generator().manual_seed(1))
+    return Task(
+        name="conv",
+        model=model,
+        example_input=lambda batch_size: x[:batch_size].clone(),
+        evaluate=lambda m: 1.0,
+        train_data=[(x[i : i + 16], None) for i in range(0, 96, 16)],
+        batch_size=8,
+    )
+
+
+@pytest.fixture(scope="module")
+def conv() -> Task:
+    return _conv_task()
+
+
+@needs_pt2e
+def test_int8_static_stores_int8_weights_keeps_the_output_and_runs_at_any_batch(conv: Task) -> None:
+    served = apply(conv.model, STATIC, conv)
+    assert isinstance(served, FrozenCompiled) and served.pareto_compile_s > 0
+    graph = served._orig_mod
+    weights = [t for t in (*graph.parameters(), *graph.buffers()) if t.dim() >= 2]
+    assert weights and all(t.dtype == torch.int8 for t in weights)  # the float copies convert_pt2e leaves are gone
+    assert params_bytes(served) < params_bytes(conv.model) / 3  # 4x on weights; scales and biases stay fp32
+    assert compute_dtype(served) == "int8"
+    for batch in (8, 1, 13):  # traced with a dynamic batch; each new shape compiles (static shapes)
+        x = conv.example_input(batch)
+        with torch.inference_mode():
+            out, ref = served(x), conv.model(x)
+        assert out.shape == ref.shape == (batch, 10)
+        assert nn.functional.cosine_similarity(out.flatten(), ref.flatten(), dim=0) > 0.99  # calibrated ranges
+    x = conv.example_input(8)
+    assert count_flops(graph, x) == pytest.approx(count_flops(conv.model, x), rel=0.05)  # batch norms folded
+
+
+@needs_pt2e
+def test_int8_static_refuses_what_it_cannot_quantize(conv: Task) -> None:
+    with pytest.raises(TechniqueError, match="int8_static quantizes a float32 model; drop fp16/bf16"):
+        apply(conv.model, STATIC.model_copy(update={"techniques": (get_technique("bf16"), *STATIC.techniques)}), conv)
+    twice = Config(
+        techniques=(get_technique("int8_dynamic"), get_technique("int8_static")), batch_size=8, backend="compile"
+    )
+    with pytest.raises(TechniqueError, match="use one integer quantization per configuration"):
+        apply(conv.model, twice, conv)
+
+    class DataDependent(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.conv(x) if x.sum() > 0 else -self.conv(x)  # a branch on a value: not exportable
+
+    broken = dataclasses.replace(conv, model=DataDependent().eval())
+    with pytest.raises(TechniqueError, match="int8_static: the model cannot be exported with torch.export"):
+        apply(broken.model, STATIC, broken)
+
+
+def _spec(tmp_name: str) -> SearchSpec:
+    return SearchSpec.model_validate(
+        {
+            "task": "tests.test_pt2e:_conv_task",
+            "study": tmp_name,
+            "objectives": ["p99"],
+            "slo": {"p99": "1s"},
+            "search": {"n_trials": 3, "seed": 0, "sampler": "grid", "confirm_top": 1},
+            "measure": {"device": "cpu", "threads": 1, "warmup": 5, "contention_limit": 50},
+            "space": {"backend": ["compile"], "techniques": {"int8_static": {}}},
+        }
+    )
+
+
+@needs_pt2e
+def test_a_search_measures_int8_static_and_exports_it_as_measured(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path}/p.db"
+    result = run_search(_spec("pt2e"), db_url=db)
+    with session_scope(open_engine(db)) as session:
+        trials = session.scalars(select(Trial).where(Trial.state == "COMPLETE").order_by(Trial.id)).all()
+        static = [t for t in trials if t.config.get("techniques")]
+        assert len(static) == 1 and static[0].description == "int8_static on compile @ batch 8"
+        number = static[0].optuna_number
+        assert static[0].compile_s is not None and static[0].compile_s > 0  # kept apart from latency
+    assert result.best is not None
+    out = tmp_path / "artifact"
+    command = ["export", "--study", "pt2e", "--trial", str(number), "-o", str(out), "--db", db]
+    exported = CliRunner().invoke(cli, command)
+    assert exported.exit_code == 0, exported.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    load = manifest["artifact"]["load"]
+    assert "torch._inductor.config.freezing = True" in load and "dynamic=False" in load and "torchao" in load
+    assert manifest["serve"]["torch_compile"]["inductor_config"] == {"freezing": True}
+    check = manifest["reload_check"]
+    assert check["passed"] and check["pareto_imported"] == [] and "compiled with Inductor's freezing" in check["method"]
+    assert check["other_batch"]["matches"]  # compiled in the fresh process too: the same int8 kernels
