@@ -12,6 +12,9 @@ so the ratios compare like with like. Prints a Markdown table per task for BENCH
 
     python benchmarks/techniques.py --task demo --task transformer --task minilm --task resnet [--threads 2]
     python benchmarks/techniques.py --task minilm --study minilm --db sqlite:///minilm.db
+    python benchmarks/techniques.py --task resnet --rows int8 --rows @compile   # only rows naming these
+
+``int8_static`` rows need torchao (``pip install -e '.[torchao]'``); without it they say so.
 """
 
 from __future__ import annotations
@@ -54,6 +57,8 @@ CONFIGS = {
         ["@onnxruntime", "ort_int8_dynamic:per_channel=True"],
         ["@onnxruntime", "prune_structured:ratio=0.5", "ort_int8_dynamic:per_channel=True"],
         ["@onnxruntime", "ort_int8_static"],
+        ["@compile", "int8_static"],
+        ["@compile", "prune_structured:ratio=0.5", "int8_static"],
     ],
     "transformer": [
         [],
@@ -67,6 +72,7 @@ CONFIGS = {
         ["@onnxruntime"],
         ["@onnxruntime", "ort_int8_dynamic"],
         ["@onnxruntime", "ort_int8_dynamic:per_channel=True"],
+        ["@compile", "int8_static"],
     ],
     "minilm": [
         [],
@@ -85,6 +91,7 @@ CONFIGS = {
         ["@onnxruntime", "ort_int8_dynamic:op_types=all"],
         ["@onnxruntime", "ort_int8_dynamic:per_channel=True"],
         ["@onnxruntime", "prune_structured:ratio=0.25", "ort_int8_dynamic:per_channel=True"],
+        ["@compile", "int8_static"],
     ],
     "resnet": [
         [],
@@ -101,6 +108,9 @@ CONFIGS = {
         ["@onnxruntime", "prune_structured:ratio=0.5", "finetune:steps=200,lr=0.001"],
         ["@onnxruntime", "ort_int8_static"],
         ["@onnxruntime", "prune_structured:ratio=0.5", "finetune:steps=200,lr=0.001", "ort_int8_static"],
+        # PyTorch's own static int8 (PT2E, X86 Inductor quantizer; needs torchao), compiled with freezing
+        ["@compile", "int8_static"],
+        ["@compile", "prune_structured:ratio=0.5", "finetune:steps=200,lr=0.001", "int8_static"],
     ],
 }
 
@@ -113,6 +123,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--study", help="also time this study's pick (pareto best under its SLOs)")
     parser.add_argument("--db", help="the study's database URL")
+    parser.add_argument(
+        "--rows",
+        action="append",
+        default=None,
+        help="only rows whose options contain this text (repeatable; the baseline always)",
+    )
     args = parser.parse_args()
     plan = RoundPlan(samples=args.samples, rounds=args.rounds, warmup=50)
     print(
@@ -125,7 +141,12 @@ def main() -> None:
         task = load_task(name)
         base_bytes = theoretical_bytes(task.model)
         rows: list[tuple[str, object]] = []  # (description, built model or the reason it is not)
-        configs = [_config(options, task.batch_size) for options in CONFIGS[name]]
+        chosen_rows = [
+            options
+            for options in CONFIGS[name]
+            if not options or args.rows is None or any(text in " ".join(options) for text in args.rows)
+        ]
+        configs = [_config(options, task.batch_size) for options in chosen_rows]
         tasks_of = {s["study"]: s["task"] for s in pareto.studies(db=args.db)} if args.study else {}
         if args.study and tasks_of.get(args.study) == name:  # the pick joins its own task's table only
             pick = pareto.best(study=args.study, db=args.db)

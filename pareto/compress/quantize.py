@@ -52,9 +52,10 @@ def _torchao() -> tuple[ModuleType | None, str | None]:
     """``(torchao.quantization, None)``, or ``(None, why not)`` when torchao is absent or broken."""
     if importlib.util.find_spec("torchao") is None:
         return None, TORCHAO_HINT
+    from pareto.compress.tracing import quiet
+
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with quiet():  # torchao logs a line for each optional kernel library this machine cannot load
             module = importlib.import_module("torchao.quantization")
     except Exception as exc:  # a torchao built for another torch fails in many ways; keep its reason
         return None, f"torchao is installed but does not import: {type(exc).__name__}: {exc}"
