@@ -57,6 +57,7 @@ ENVIRONMENT_FIELDS = (
     "threads",
     "hostname",
     "onnxruntime_version",
+    "torchao_version",
 )
 
 

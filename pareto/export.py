@@ -307,7 +307,9 @@ def _export(selection: Selection, target: Path, staging: Path, fresh_process: bo
     check, args, expected = _check(selection, config, task, model, artifact, device, staging, fresh_process)
     here = fingerprint(device, torch.get_num_threads())
     here = {**here, "key": environment_key(here)}
-    differences = environment_differences(candidate.environment, here, onnxruntime=config.backend == "onnxruntime")
+    differences = environment_differences(
+        candidate.environment, here, onnxruntime=config.backend == "onnxruntime", torchao="torchao" in artifact.requires
+    )
     written = staging / artifact.file
     manifest = _manifest(
         selection,
@@ -836,17 +838,20 @@ def _close(actual: Any, expected: Any, rtol: float, atol: float) -> bool:
 
 
 def environment_differences(
-    measured: dict[str, Any], here: dict[str, Any], *, onnxruntime: bool = False
+    measured: dict[str, Any], here: dict[str, Any], *, onnxruntime: bool = False, torchao: bool = False
 ) -> list[dict[str, Any]]:
     """The ``ENVIRONMENT_FIELDS`` that differ between where a trial was measured and where it is exported.
 
     When both ran on the CPU, the device name is the CPU model: it is compared once, as ``cpu_model``.
-    With ``onnxruntime`` (a trial served by it), ONNX Runtime's version is compared too.
+    With ``onnxruntime`` (a trial served by it), ONNX Runtime's version is compared too; with
+    ``torchao`` (an artifact that loads it), torchao's.
     """
     both_cpu = measured.get("device") == here.get("device") == "cpu"
     fields = [f for f in ENVIRONMENT_FIELDS if not (f == "device_name" and both_cpu)]
     if onnxruntime:
         fields.append("onnxruntime_version")
+    if torchao:
+        fields.append("torchao_version")
     return [
         {"field": f, "measured": measured.get(f), "here": here.get(f)} for f in fields if measured.get(f) != here.get(f)
     ]

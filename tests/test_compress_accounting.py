@@ -65,7 +65,6 @@ def test_low_rank_times_int8_quantization_multiplies(eager_int8: None) -> None:
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="torchao is an optional extra")
-@pytest.mark.xfail(reason="pareto.measure.memory.theoretical_bytes does not count torchao tensor subclasses yet")
 def test_pruning_times_torchao_int8_multiplies_less_its_scales() -> None:
     # 6,000 int8 weights, plus a float32 scale and an int8 zero point per output row (390 rows)
     assert _ratio(PRUNE_9X, ("int8_weight_only", {})) == pytest.approx(54_000 * 4 / (6_000 + 390 * 5), rel=0.01)

@@ -12,7 +12,8 @@ from torch import nn
 from pareto.compress import Config, apply, get_technique, quantize
 from pareto.compress.quantize import Bf16, Fp16, HalfPrecision, Int4WeightOnly, Int8Dynamic, Int8WeightOnly
 from pareto.errors import TechniqueError
-from pareto.measure.memory import params_bytes
+from pareto.measure.compute import compute_dtype, count_flops
+from pareto.measure.memory import activation_bytes, params_bytes
 from pareto.task import Task
 
 HAS_TORCHAO = importlib.util.find_spec("torchao") is not None
@@ -131,6 +132,12 @@ def test_torchao_int8_on_the_cpu(name: str) -> None:
     assert (_forward(quantized, x) - reference).abs().max() < 0.05 * reference.abs().max()
     with pytest.raises(TechniqueError, match="already quantized"):
         technique.apply(quantized, _task(model))
+    # the four axes see through torchao's weights: int8 bytes and scales, the float layer's FLOPs, activations
+    weights = 16 * 64 + 64 * 8  # 3 of their 4 bytes saved, less a scale (and zero point) per output row
+    assert 3 * weights - 8 * 72 <= params_bytes(model) - params_bytes(quantized) <= 3 * weights
+    assert count_flops(quantized, x) == count_flops(model, x) > 0
+    assert activation_bytes(quantized, x, "cpu") > 0
+    assert compute_dtype(quantized) == ("int8" if name == "int8_dynamic" else "fp32")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or not HAS_TORCHAO, reason="int4 needs CUDA and torchao")

@@ -13,6 +13,7 @@ def test_fingerprint_keys_and_stable_key() -> None:
     assert set(fp) == {
         "device", "device_name", "driver", "torch_version", "python_version",
         "platform", "cpu_model", "cpu_count", "threads", "hostname", "onnxruntime_version",
+        "torchao_version",
     }  # fmt: skip
     assert fp["device"] == "cpu" and fp["threads"] == 2 and fp["driver"] is None
     assert fp["device_name"] == fp["cpu_model"] and fp["cpu_model"]
@@ -28,6 +29,10 @@ def test_fingerprint_keys_and_stable_key() -> None:
     )
     without = {k: v for k, v in fp.items() if k != "onnxruntime_version"}
     assert environment_key({**fp, "onnxruntime_version": None}) == environment_key(without)
+    # torchao's likewise (int8_dynamic prefers its kernels, int8_static needs them)
+    assert environment_key({**fp, "torchao_version": "0.18.0"}) != environment_key({**fp, "torchao_version": None})
+    without = {k: v for k, v in fp.items() if k != "torchao_version"}
+    assert environment_key({**fp, "torchao_version": None}) == environment_key(without)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: GPU fingerprint is untested")

@@ -200,3 +200,13 @@ def test_a_search_measures_int8_static_and_exports_it_as_measured(tmp_path: Path
     check = manifest["reload_check"]
     assert check["passed"] and check["pareto_imported"] == [] and "compiled with Inductor's freezing" in check["method"]
     assert check["other_batch"]["matches"]  # compiled in the fresh process too: the same int8 kernels
+
+
+def test_an_export_compares_torchao_versions_only_for_an_artifact_that_loads_it() -> None:
+    from pareto.export import environment_differences
+
+    here = {"device": "cpu", "cpu_model": "x", "torch_version": "2", "threads": 2, "torchao_version": "0.18.0"}
+    before = {**here, "torchao_version": "0.17.0"}
+    assert environment_differences(before, here) == []
+    diff = environment_differences(before, here, torchao=True)
+    assert diff == [{"field": "torchao_version", "measured": "0.17.0", "here": "0.18.0"}]

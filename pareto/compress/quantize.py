@@ -196,7 +196,12 @@ class Int8Dynamic(Technique):
         if backend is None:
             raise TechniqueError(f"{self.describe()}: {self.available(device)}")
         if backend == "torchao":
-            return _torchao_quantize(self, model, _torchao_config("Int8DynamicActivationInt8WeightConfig"), linears)
+            quantized = _torchao_quantize(
+                self, model, _torchao_config("Int8DynamicActivationInt8WeightConfig"), linears
+            )
+            # its int8 weights report the float dtype they stand for; the matmuls run on int8 activations
+            setattr(quantized, "pareto_compute_dtype", "int8")  # noqa: B010  (read by measure.compute.compute_dtype)
+            return quantized
         if any(m.weight.dtype != torch.float32 for m in linears):
             raise TechniqueError(
                 f"{self.describe()}: PyTorch's eager int8 dynamic quantization needs float32 linear layers; "

@@ -3,13 +3,14 @@
 FLOPs are what ``torch.utils.flop_counter.FlopCounterMode`` counts: matrix multiplications,
 convolutions and attention kernels, 2 FLOPs per multiply-accumulate. Elementwise work (bias adds,
 activations, normalization, softmax) is not counted, so a ReLU layer shows 0 FLOPs. Dynamically
-quantized ``Linear`` layers (``torch.ao.nn.quantized.dynamic.Linear``) run an op the counter has no
-formula for; they are counted here by forward hooks as 2 × in × out × rows, the same matmul FLOPs as
-the float layer they replace (bias not counted, like the counter's ``addmm``). Two more gaps are
-closed: ``nn.MultiheadAttention``'s fused inference fast path is switched off while counting (the
-math path runs the same products, visibly), and CPU ``scaled_dot_product_attention`` gets the
-counter's own GPU attention formula. A ``torch.compile``d model is counted through the eager module
-it wraps: compilation fuses kernels but runs the same matmuls.
+quantized ``Linear`` layers (``torch.ao.nn.quantized.dynamic.Linear``, and ``nn.Linear`` layers whose
+weight is a torchao tensor subclass) run ops the counter has no formula for; they are counted here by
+forward hooks as 2 × in × out × rows, the same matmul FLOPs as the float layer they replace (bias
+not counted, like the counter's ``addmm``). Two more gaps are closed: ``nn.MultiheadAttention``'s
+fused inference fast path is switched off while counting (the math path runs the same products,
+visibly), and CPU ``scaled_dot_product_attention`` gets the counter's own GPU attention formula. A
+``torch.compile``d model is counted through the eager module it wraps: compilation fuses kernels but
+runs the same matmuls.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from pareto.measure.memory import eager_module, params_bytes, stored_bytes_by_mo
 FLOPS_METHOD = (
     "torch.utils.flop_counter.FlopCounterMode over one forward under inference_mode (matmul, conv and "
     "attention FLOPs, 2 per multiply-accumulate, bias and elementwise ops not counted; MHA fast path "
-    "off; CPU SDPA by the GPU SDPA formula); dynamic-quantized Linear by forward hook as 2 x in x out x rows"
+    "off; CPU SDPA by the GPU SDPA formula); dynamic-quantized Linear (torch.ao, or a torchao weight) by forward "
+    "hook as 2 x in x out x rows"
 )
 #: How ``bytes_moved`` counts; stored with the number.
 BYTES_METHOD = (
@@ -259,7 +261,7 @@ def _trace(model: nn.Module, inputs: torch.Tensor | Sequence[Any]) -> _Trace:
         nonlocal hook_flops
         _, entry, children = stack.pop()
         total = now() - entry
-        if total == 0 and quantized is not None and isinstance(module, quantized) and args_:
+        if total == 0 and args_ and _counted_by_hook(module, quantized):
             x = args_[0]
             rows = x.numel() // module.in_features
             hook_flops += 2 * rows * module.in_features * module.out_features
@@ -327,6 +329,16 @@ def _extra_formulas() -> dict[Any, Any]:
         return int(count(query_shape, key_shape, value_shape))
 
     return {op: cpu_sdpa_flops}
+
+
+def _counted_by_hook(module: nn.Module, quantized: type[nn.Module] | None) -> bool:
+    """A linear layer whose matmul the counter cannot see: torch.ao's dynamic-quantized Linear, or an
+    ``nn.Linear`` whose weight is a wrapper tensor subclass (torchao's int8/int4 weights run their own ops)."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if quantized is not None and isinstance(module, quantized):
+        return True
+    return isinstance(module, nn.Linear) and is_traceable_wrapper_subclass(module.weight)
 
 
 def _dynamic_quantized_linear() -> type[nn.Module] | None:

@@ -13,9 +13,10 @@ from typing import Any
 
 #: Fields that must match for two measurements to be comparable in one frontier.
 KEY_FIELDS = ("device_name", "driver", "torch_version", "cpu_model", "threads", "hostname")
-#: Part of the key only where set, so that environments recorded before it (or without ONNX Runtime)
-#: keep their keys: installing or upgrading ONNX Runtime makes a new environment, as a torch upgrade does.
-OPTIONAL_KEY_FIELDS = ("onnxruntime_version",)
+#: Part of the key only where set, so that environments recorded before them (or without the library)
+#: keep their keys: installing or upgrading ONNX Runtime or torchao (whose kernels int8_dynamic prefers
+#: and int8_static needs) makes a new environment, as a torch upgrade does.
+OPTIONAL_KEY_FIELDS = ("onnxruntime_version", "torchao_version")
 
 
 def fingerprint(device: str, threads: int) -> dict[str, Any]:
@@ -27,8 +28,8 @@ def fingerprint(device: str, threads: int) -> dict[str, Any]:
 
     Returns:
         device, device_name, driver (None on CPU), torch_version, python_version, platform,
-        cpu_model, cpu_count, threads, hostname and onnxruntime_version (None when ONNX Runtime is
-        not installed; then it is not part of the key).
+        cpu_model, cpu_count, threads, hostname, onnxruntime_version and torchao_version (None when
+        that library is not installed; then it is not part of the key).
     """
     import torch  # lazily: query commands import this package without torch
 
@@ -48,6 +49,7 @@ def fingerprint(device: str, threads: int) -> dict[str, Any]:
         "threads": threads,
         "hostname": socket.gethostname(),
         "onnxruntime_version": onnxruntime_version(),
+        "torchao_version": _distribution_version("torchao"),
     }
 
 
@@ -61,6 +63,16 @@ def environment_key(fp: dict[str, Any]) -> str:
     fields.update({name: fp[name] for name in OPTIONAL_KEY_FIELDS if fp.get(name) is not None})
     payload = json.dumps(fields, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def _distribution_version(name: str) -> str | None:
+    """The installed version of distribution ``name`` (read from its metadata, not imported), or None."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
 
 
 def _cpu_model() -> str:

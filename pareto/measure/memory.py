@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
 from pareto.errors import UsageError
 from pareto.measure.latency import as_args, resolve_device
@@ -126,7 +126,8 @@ def activation_bytes(model: nn.Module, inputs: torch.Tensor | Sequence[Any], dev
         if device.startswith("cuda"):
             return _cuda_peak_bytes(model, args, device)
         model = eager_module(model)  # a dispatch mode sees the eager ops, not a compiled graph's
-        known = {_storage_key(t) for t in (*model.parameters(), *model.buffers()) if _has_storage(t)}
+        held = [p for t in (*model.parameters(), *model.buffers()) for p in _plain_tensors(t)]
+        known = {_storage_key(t) for t in held if _has_storage(t)}
         known |= {_storage_key(t) for t in args if isinstance(t, torch.Tensor) and _has_storage(t)}
         with _LiveTensorBytes(known) as tracker:
             output = model(*args)
@@ -265,7 +266,7 @@ def _cuda_peak_bytes(model: nn.Module, args: tuple[Any, ...], device: str) -> in
 
 
 def _has_storage(tensor: torch.Tensor) -> bool:
-    return tensor.layout == torch.strided and tensor.device.type != "meta"
+    return tensor.layout == torch.strided and tensor.device.type != "meta" and not is_traceable_wrapper_subclass(tensor)
 
 
 def _storage_key(tensor: torch.Tensor) -> tuple[str, int]:
@@ -316,7 +317,7 @@ class _LiveTensorBytes(TorchDispatchMode):
 
 def _leaves(obj: Any) -> Iterator[torch.Tensor]:
     if isinstance(obj, torch.Tensor):
-        yield obj
+        yield from _plain_tensors(obj)
     elif isinstance(obj, (tuple, list)):
         for item in obj:
             yield from _leaves(item)
@@ -330,7 +331,29 @@ def _stored_bytes(tensor: torch.Tensor, dtype: torch.dtype) -> int:
 
 
 def _own_tensors(module: nn.Module) -> Iterator[tuple[object, torch.Tensor, torch.dtype, bool]]:
-    """Yield ``(identity, tensor, stored dtype, is_weight)`` for what ``module`` itself holds."""
+    """Yield ``(identity, tensor, stored dtype, is_weight)`` for what ``module`` itself holds.
+
+    A tensor subclass that wraps others (torchao's quantized weights, 2:4 sparse weights) has no
+    storage of its own: the plain tensors inside it are yielded instead, each at its own dtype (int8
+    values, fp32 scales); the one holding as many elements as the weight is the weight.
+    """
+    for identity, tensor, dtype, is_weight in _module_tensors(module):
+        if not is_traceable_wrapper_subclass(tensor):
+            yield identity, tensor, dtype, is_weight
+            continue
+        for inner in _plain_tensors(tensor):
+            yield inner, inner, inner.dtype, is_weight and inner.numel() == tensor.numel()
+
+
+def _plain_tensors(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """The plain tensors a wrapper tensor subclass holds (``__tensor_flatten__``, recursively); ``[tensor]`` else."""
+    if not is_traceable_wrapper_subclass(tensor):
+        return [tensor]
+    names, _ = tensor.__tensor_flatten__()
+    return [plain for name in names for plain in _plain_tensors(getattr(tensor, name))]
+
+
+def _module_tensors(module: nn.Module) -> Iterator[tuple[object, torch.Tensor, torch.dtype, bool]]:
     for name, param in module.named_parameters(recurse=False):
         yield param, param.detach(), param.dtype, name != "bias"
     for buffer in module.buffers(recurse=False):

@@ -80,6 +80,7 @@ def environment_dict(env: Environment) -> dict[str, Any]:
         "hostname": env.hostname,
         # where ONNX Runtime was installed (the version is part of the key then); None elsewhere
         "onnxruntime_version": (env.details or {}).get("onnxruntime_version"),
+        "torchao_version": (env.details or {}).get("torchao_version"),  # likewise, torchao
     }
 
 
