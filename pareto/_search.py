@@ -52,7 +52,7 @@ from pareto.frontier import (
 from pareto.metrics import Metrics
 from pareto.samplers import FLAT, make_sampler, space_size, suggest
 from pareto.samplers import grid as grid_of
-from pareto.spec import Range, SearchSpec
+from pareto.spec import Range, SearchSpec, Space
 from pareto.store import queries
 from pareto.store.engine import check_path, engine_kwargs, open_engine, session_scope, upgrade
 from pareto.store.models import Environment, Measurement, Study, Trial, utcnow
@@ -810,13 +810,15 @@ def _available_techniques(
     spec: SearchSpec, device: str, task: Task, backends: tuple[Backend, ...] = ("eager",)
 ) -> tuple[dict[str, dict[str, Any]], list[tuple[str, str]]]:
     usable, skipped = {}, []
+    default_space = spec.space.techniques == Space().techniques
     for name, space in spec.space.techniques.items():
         probe = {p: (s.low if isinstance(s, Range) else s[0]) for p, s in space.items()}
         technique = get_technique(name, probe)
         if not set(backends) & set(technique.backends):
             # one that works on another backend's graph (ORT's quantizer) is in the default space for
-            # that backend: left out without a word; a PyTorch technique left out is worth one
-            if not technique.on_graph:
+            # that backend: left out without a word there; a PyTorch technique, or one the user's own
+            # space names, left out is worth one
+            if not technique.on_graph or not default_space:
                 where = " or ".join(technique.backends)
                 served = ", ".join(backends)
                 skipped.append((name, f"it runs on the {where} backend; this search serves on {served}."))

@@ -137,6 +137,22 @@ def test_unavailable_technique_is_skipped_once_with_the_reason(db_url: str) -> N
         assert all("prune_structured" not in t.description for t in session.scalars(select(Trial)).all())
 
 
+def test_a_technique_for_another_backend_is_named_when_the_user_listed_it() -> None:
+    from tests.tiny_task import make_task
+
+    task = make_task()
+    default = SearchSpec.model_validate({"task": "tests.tiny_task:make_task"})
+    assert "ort_int8_dynamic" in default.space.techniques  # the default space lists it for onnxruntime searches
+    usable, skipped = search_module._available_techniques(default, "cpu", task)
+    assert "ort_int8_dynamic" not in usable and not [n for n, _ in skipped if n == "ort_int8_dynamic"]
+    own = SearchSpec.model_validate(
+        {"task": "tests.tiny_task:make_task", "space": {"techniques": {"int8_dynamic": {}, "ort_int8_dynamic": {}}}}
+    )
+    usable, skipped = search_module._available_techniques(own, "cpu", task)
+    assert set(usable) == {"int8_dynamic"}
+    assert skipped == [("ort_int8_dynamic", "it runs on the onnxruntime backend; this search serves on eager.")]
+
+
 def test_no_feasible_configuration_names_the_closest(db_url: str) -> None:
     run_search(spec(search={"n_trials": 2, "seed": 1}), db_url=db_url)
     with pytest.raises(NoFeasibleConfiguration, match="closest is trial"):
