@@ -164,6 +164,23 @@ def test_int8_static_refuses_what_it_cannot_quantize(conv: Task) -> None:
         apply(broken.model, STATIC, broken)
 
 
+@needs_pt2e
+def test_a_graph_the_quantizer_cannot_annotate_fails_the_trial_with_its_reason(
+    conv: Task, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def fails(graph: object, quantizer: object) -> None:  # as torchao 0.18 does on MiniLM's linear + GELU
+        raise IndexError("list index out of range")
+
+    flow, library = pt2e._pt2e()
+    monkeypatch.setattr(flow, "prepare", fails)
+    with pytest.raises(TechniqueError) as caught:
+        apply(conv.model, STATIC, conv)
+    assert str(caught.value) == (
+        f"int8_static: {library}'s X86 Inductor quantizer failed on this model's graph: "
+        "IndexError: list index out of range"
+    )
+
+
 def _spec(tmp_name: str) -> SearchSpec:
     return SearchSpec.model_validate(
         {

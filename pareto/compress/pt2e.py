@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 import platform
 import types
 from types import SimpleNamespace
@@ -46,14 +47,15 @@ _HOMES = (
 def _pt2e() -> tuple[SimpleNamespace | None, str]:
     """``(prepare_pt2e, convert_pt2e, X86InductorQuantizer and its default config; the library)``, or
     ``(None, why not)``."""
-    failures = []
+    broken: str | None = None
     for flow, quantizer in _HOMES:
         try:
             with quiet():
                 quantize_pt2e = importlib.import_module(f"{flow}.quantize_pt2e")
                 quantizer_module = importlib.import_module(quantizer)
         except Exception as exc:  # absent, or built for another torch: try the next home
-            failures.append(f"{flow.split('.')[0]}: {type(exc).__name__}")
+            if flow.startswith("torchao") and importlib.util.find_spec("torchao") is not None:
+                broken = f"torchao is installed but its PT2E quantizer does not import: {type(exc).__name__}: {exc}"
             continue
         return SimpleNamespace(
             prepare=quantize_pt2e.prepare_pt2e,
@@ -61,7 +63,7 @@ def _pt2e() -> tuple[SimpleNamespace | None, str]:
             quantizer=quantizer_module.X86InductorQuantizer,
             config=quantizer_module.get_default_x86_inductor_quantization_config,
         ), flow.split(".")[0]
-    return None, TORCHAO_HINT
+    return None, broken or TORCHAO_HINT
 
 
 def pt2e_reason(device: str) -> str | None:
@@ -158,12 +160,19 @@ class Int8Static(Technique):
         flow, library = _pt2e()
         assert flow is not None  # available() said so
         graph = _export(self, model.eval(), task)
-        with quiet():
-            prepared = flow.prepare(graph, flow.quantizer().set_global(flow.config()))
-            with torch.no_grad():
-                for args in calibration_inputs(task):
-                    prepared(*args)
-            converted = flow.convert(prepared)
+        try:
+            with quiet():
+                prepared = flow.prepare(graph, flow.quantizer().set_global(flow.config()))
+                with torch.no_grad():
+                    for args in calibration_inputs(task):
+                        prepared(*args)
+                converted = flow.convert(prepared)
+        except Exception as exc:  # the quantizer's own limits (some graphs' fusion patterns): the trial fails
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else "no message"
+            raise TechniqueError(
+                f"{self.describe()}: {library}'s X86 Inductor quantizer failed on this model's graph: "
+                f"{type(exc).__name__}: {first}"
+            ) from exc
         _drop_unused_attributes(converted)
         _eval_only(converted)
         converted.requires_grad_(False)
