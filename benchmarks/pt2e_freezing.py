@@ -1,4 +1,4 @@
-"""Why ``int8_static`` is compiled with Inductor's freezing: the PT2E graph served four ways, one run.
+"""Why ``int8_static`` is compiled with Inductor's freezing: one PT2E graph served several ways, in one run.
 
 Builds the resnet task's PT2E int8 graph once (``int8_static``: torch.export, X86 Inductor
 quantizer, calibration, convert) and times, interleaved with the uncompressed baseline in the same

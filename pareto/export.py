@@ -113,8 +113,9 @@ TECHNIQUE_NOTES: dict[str, str] = {
     "int8_weight_only": "torchao int8 weight tensors traced into torchao's operators; loading needs torchao",
     "compile": "not in the graph: the artifact holds the eager module; the load line calls torch.compile with the mode",
     "int8_static": (
-        "the PT2E graph: int8 weights with quantize/dequantize operators (loading imports torchao, which registers "
-        "them); the load line compiles it with Inductor's freezing, which makes them oneDNN int8 kernels"
+        "the PT2E graph: int8 weights with quantize/dequantize operators (loading imports the library that "
+        "registers them: torchao, or torch.ao.quantization on older torch); the load line compiles it with "
+        "Inductor's freezing, which makes them oneDNN int8 kernels"
     ),
     "ort_int8_dynamic": "the ONNX graph with int8 weights (DynamicQuantizeLinear, MatMulInteger), as ORT ran it",
     "ort_int8_static": "the ONNX graph with QuantizeLinear/DequantizeLinear pairs and calibrated scales, as ORT ran it",
@@ -557,6 +558,11 @@ def _serialize(
         artifact = _torch_export(eager, task, batch_size, device, folder, requires)
     except Exception as exc:  # a model torch.export cannot trace; TorchScript may still hold it
         export_error = _reason(exc)
+        if getattr(eager, "pareto_inductor_freezing", False):  # TorchScript would not be served as measured
+            raise ParetoError(
+                f"Trial {selection.trial} ({selection.candidate.description}) cannot be serialized: torch.export "
+                f"failed on its PT2E graph ({export_error}), and no other format is compiled as it was measured."
+            ) from exc
     else:
         return dataclasses.replace(artifact, inductor_freezing=bool(getattr(eager, "pareto_inductor_freezing", False)))
     why = f"torch.export failed on this model ({export_error}), so the artifact is TorchScript"
@@ -756,7 +762,8 @@ def _tolerance(model: nn.Module, config: Config) -> tuple[float, float, str]:
     """torch.testing's default rtol/atol for the model's lowest-precision floating dtype; looser with compile.
 
     torch.compile's kernels may order floating-point sums differently from the eager graph the
-    artifact holds, so with ``compile`` the relative tolerance is at least 1e-4.
+    artifact holds, so with ``compile`` (the technique or the backend) the relative tolerance is at
+    least 1e-4.
     """
     import torch
 
@@ -766,7 +773,7 @@ def _tolerance(model: nn.Module, config: Config) -> tuple[float, float, str]:
     rtol, atol = max(defaults[d] for d in dtypes)
     names = ", ".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
     basis = f"torch.testing's defaults for {names}"
-    if any(t.name == "compile" for t in config.techniques):
+    if config.backend == "compile" or any(t.name == "compile" for t in config.techniques):
         rtol, atol = max(rtol, 1e-4), max(atol, 1e-5)
         basis += "; rtol at least 1e-4 because the reference ran torch.compile's kernels"
     return rtol, atol, basis
@@ -921,6 +928,12 @@ def _manifest(
         "default" if config.backend == "compile" else None,
     )
     notes = []
+    if artifact.inductor_freezing:
+        notes.append(
+            "compiled with static shapes: each new input shape compiles once, and Dynamo stops compiling after "
+            "torch._dynamo.config.recompile_limit shapes (8 by default; pareto allowed 64 while measuring): raise "
+            "it for a server that sees many batch sizes"
+        )
     if compile_mode is not None and artifact.format == TORCHSCRIPT:
         notes.append("torch.compile takes the TorchScript module but captures no graph from it; it runs as TorchScript")
     other = check["other_batch"]

@@ -41,9 +41,13 @@ def test_int8_static_is_served_compiled_and_says_why_it_cannot_run(monkeypatch: 
     with pytest.raises(ValidationError, match="int8_static runs on the compile backend, not on eager"):
         Config(techniques=(get_technique("int8_static"),), batch_size=8)
     assert "oneDNN's int8 kernels for x86 CPUs; the device is cuda:0" in str(pt2e.pt2e_reason("cuda:0"))
+    if not hasattr(torch.export.Dim, "AUTO"):
+        pytest.skip(f"torch {torch.__version__}: int8_static needs torch 2.6 or newer, checked before torchao")
+    monkeypatch.setattr(pt2e.platform, "machine", lambda: "x86_64")  # the CPU is checked before torchao
     monkeypatch.setattr(pt2e, "_pt2e", lambda: (None, TORCHAO_HINT))
     assert pt2e.pt2e_reason("cpu") == TORCHAO_HINT
-    assert why_not_here(STATIC, None, "cpu") == f"int8_static: {TORCHAO_HINT.rstrip('.')}"
+    if compile_module._compile_reason("cpu") is None:  # else the compile backend's own reason comes first
+        assert why_not_here(STATIC, None, "cpu") == f"int8_static: {TORCHAO_HINT.rstrip('.')}"
     monkeypatch.setattr(pt2e.platform, "machine", lambda: "aarch64")
     assert pt2e.pt2e_reason("cpu") == "the X86 Inductor quantizer targets x86 CPUs; this machine is aarch64."
     row = next(t for t in describe_techniques("cpu") if t["name"] == "int8_static")
@@ -55,9 +59,9 @@ def test_frozen_compiled_sets_freezing_only_while_a_new_signature_compiles(monke
 
     seen: list[bool] = []
 
-    def compiled(x: torch.Tensor) -> torch.Tensor:  # stands in for torch.compile's wrapper
+    def compiled(x: torch.Tensor, scale: int = 2) -> torch.Tensor:  # stands in for torch.compile's wrapper
         seen.append(bool(inductor_config.freezing))
-        return x * 2
+        return x * scale
 
     model = nn.Identity()
     model.pareto_compute_dtype = "int8"
@@ -68,9 +72,13 @@ def test_frozen_compiled_sets_freezing_only_while_a_new_signature_compiles(monke
     frozen(torch.ones(5, 3))  # another batch: compiles again, with freezing
     with torch.inference_mode():
         frozen(torch.ones(5, 3))  # another grad mode is another graph for Dynamo
+    frozen(torch.ones(3, 2).t())  # the same shape with other strides: Dynamo guards on strides too
+    frozen(torch.ones(2, 3), 2)  # an int argument: Dynamo specializes on its value...
+    frozen(torch.ones(2, 3), 3)  # ...so another value compiles again
+    frozen(torch.ones(2, 3), 3)
     reset_compiler()  # every graph forgotten: the next call compiles again, so freezing is on again
     frozen(torch.ones(2, 3))
-    assert seen == [True, False, True, True, True]
+    assert seen == [True, False, True, True, True, True, True, False, True]
     assert inductor_config.freezing is False  # restored: other models compile as before
     assert frozen.pareto_compute_dtype == "int8" and frozen._orig_mod is model
 
@@ -139,6 +147,25 @@ def test_int8_static_stores_int8_weights_keeps_the_output_and_runs_at_any_batch(
         assert nn.functional.cosine_similarity(out.flatten(), ref.flatten(), dim=0) > 0.99  # calibrated ranges
     x = conv.example_input(8)
     assert count_flops(graph, x) == pytest.approx(count_flops(conv.model, x), rel=0.05)  # batch norms folded
+
+
+@needs_pt2e
+def test_the_served_graph_runs_onednn_int8_kernels_at_every_batch(conv: Task) -> None:
+    from torch._dynamo.utils import counters
+    from torch._inductor.utils import run_and_get_code
+
+    served = apply(conv.model, STATIC, conv)
+    x = conv.example_input(13)  # a batch it was not built at: compiled now, with freezing
+    with torch.inference_mode():
+        _, code = run_and_get_code(served, x)
+    kernels = "".join(code)
+    assert (
+        "onednn.qconv" in kernels and "onednn.qlinear" in kernels
+    )  # without freezing: float convs on dequantized weights
+    graphs = counters["stats"]["unique_graphs"]
+    with torch.inference_mode():
+        served(x)  # the same signature: no new graph
+    assert counters["stats"]["unique_graphs"] == graphs
 
 
 @needs_pt2e
@@ -212,7 +239,9 @@ def test_a_search_measures_int8_static_and_exports_it_as_measured(tmp_path: Path
     assert exported.exit_code == 0, exported.output
     manifest = json.loads((out / "manifest.json").read_text())
     load = manifest["artifact"]["load"]
-    assert "torch._inductor.config.freezing = True" in load and "dynamic=False" in load and "torchao" in load
+    library = "torchao" if pt2e._pt2e()[1] == "torchao" else "torch.ao.quantization"
+    assert load.startswith(f"import torch, torch._inductor.config, {library}; torch._inductor.config.freezing = True;")
+    assert "dynamic=False" in load and any("recompile_limit" in note for note in manifest["serve"]["notes"])
     assert manifest["serve"]["torch_compile"]["inductor_config"] == {"freezing": True}
     check = manifest["reload_check"]
     assert check["passed"] and check["pareto_imported"] == [] and "compiled with Inductor's freezing" in check["method"]

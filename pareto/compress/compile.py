@@ -122,8 +122,9 @@ class FrozenCompiled(nn.Module):
     oneDNN's int8 kernels (PyTorch's PT2E tutorial for X86 sets ``torch._inductor.config.freezing``).
     Dynamo reads that flag when it traces as well as Inductor when it compiles, so ``torch.compile``'s
     ``options`` cannot carry it: it is set while a call compiles, and restored after. Which calls
-    compile is known here: one per new input signature (shapes and dtypes of the tensors, grad and
-    inference mode), since shapes are static (Inductor's freezing with a dynamic batch axis failed a
+    compile is known here: one per new input signature (what Dynamo guards on with static shapes:
+    each tensor's shape, strides, dtype, device and ``requires_grad``, other arguments' values, grad
+    and inference mode), since shapes are static (Inductor's freezing with a dynamic batch axis failed a
     stride assertion on these graphs, torch 2.13). Calls with a signature seen before run the
     compiled graph directly, without touching any setting, unless the compiler was reset since
     (``reset_compiler``: each build of a compiled configuration does it, so that an interleaved
@@ -146,11 +147,7 @@ class FrozenCompiled(nn.Module):
             self.pareto_compute_dtype = declared
 
     def forward(self, *args: Any) -> Any:
-        signature = (
-            torch.is_grad_enabled(),
-            torch.is_inference_mode_enabled(),
-            *((tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor) else type(a) for a in args),
-        )
+        signature = _signature(args)
         if self._resets != _resets:  # the compiler forgot every graph: each signature compiles again
             self._signatures.clear()
             self._resets = _resets
@@ -160,12 +157,46 @@ class FrozenCompiled(nn.Module):
         import torch._inductor.config as inductor_config
 
         limit = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"  # torch < 2.6
+        settings: dict[str, Any] = {limit: FROZEN_RECOMPILE_LIMIT}
+        if hasattr(dynamo_config, "fail_on_recompile_limit_hit"):  # else Dynamo would run the float graph, silently
+            settings["fail_on_recompile_limit_hit"] = True
         with (
             inductor_config.patch(freezing=True),
-            dynamo_config.patch({limit: FROZEN_RECOMPILE_LIMIT}),
+            dynamo_config.patch(settings),
             warnings.catch_warnings(),
         ):
             warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\._inductor")  # its own advice
             output = self._compiled(*args)
         self._signatures.add(signature)
         return output
+
+
+def _signature(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """What a static-shape Dynamo graph is specialized on, for ``FrozenCompiled``'s arguments.
+
+    Nested arguments are flattened (``torch.utils._pytree``); a hashable non-tensor leaf counts by
+    value (Dynamo specializes on ints, floats, bools and strings), an unhashable one by identity.
+    """
+    parts: list[Any] = [torch.is_grad_enabled(), torch.is_inference_mode_enabled()]
+    for arg in args:
+        leaves = [arg] if isinstance(arg, torch.Tensor) else _flatten(arg, parts)
+        for leaf in leaves:
+            if isinstance(leaf, torch.Tensor):
+                parts.append((tuple(leaf.shape), leaf.stride(), leaf.dtype, leaf.device, leaf.requires_grad))
+            else:
+                try:
+                    hash(leaf)
+                except TypeError:
+                    parts.append((type(leaf), id(leaf)))
+                else:
+                    parts.append((type(leaf), leaf))
+    return tuple(parts)
+
+
+def _flatten(arg: Any, parts: list[Any]) -> list[Any]:
+    """``arg``'s leaves; its structure goes into ``parts``."""
+    from torch.utils import _pytree
+
+    leaves, spec = _pytree.tree_flatten(arg)
+    parts.append(str(spec))
+    return leaves

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import re
 import tempfile
 import time
 from pathlib import Path
@@ -28,7 +27,7 @@ import torch
 from torch import nn
 
 from pareto.compress.base import Backend, Family, Technique, register
-from pareto.compress.tracing import calibration_inputs, quiet, trace_inputs
+from pareto.compress.tracing import calibration_inputs, first_line, quiet, trace_first
 from pareto.errors import TechniqueError
 from pareto.measure.latency import as_args
 
@@ -87,25 +86,16 @@ def export_onnx(model: nn.Module, task: Task) -> onnx.ModelProto:
     Raises:
         TechniqueError: the model cannot be exported (the exporter's reason is kept).
     """
-    failure: Exception | None = None
-    for args, dims in trace_inputs(task):
-        try:
-            with quiet():
-                program = torch.onnx.export(model.eval(), args, dynamo=True, dynamic_shapes=dims, verbose=False)
-        except Exception as exc:  # any exporter failure fails the trial, with the exporter's own words
-            failure = exc
-            continue
+
+    def export(args: tuple[Any, ...], dims: tuple[Any, ...]) -> onnx.ModelProto:
+        program = torch.onnx.export(model.eval(), args, dynamo=True, dynamic_shapes=dims, verbose=False)
         assert program is not None  # the dynamo exporter returns its program
         return program.model_proto
-    assert failure is not None
-    reason = f"{type(failure).__name__}: {_first_line(failure)}"
-    raise TechniqueError(f"the model cannot be exported to ONNX: {reason}") from failure
 
-
-def _first_line(exc: BaseException) -> str:
-    """The first line of an error's message, without the terminal colours torch.onnx puts in it."""
-    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip()
-    return text.splitlines()[0] if text else ""
+    try:
+        return trace_first(task, export)
+    except Exception as exc:  # any exporter failure fails the trial, with the exporter's own words
+        raise TechniqueError(f"the model cannot be exported to ONNX: {type(exc).__name__}: {first_line(exc)}") from exc
 
 
 class OrtModule(nn.Module):
@@ -209,7 +199,7 @@ def to_onnxruntime(model: nn.Module, task: Task) -> OrtModule:
     try:
         module = OrtModule(proto, model)
     except Exception as exc:  # e.g. initializers in a dtype torch cannot take from numpy (bfloat16)
-        raise TechniqueError(f"the exported graph cannot be loaded: {type(exc).__name__}: {_first_line(exc)}") from exc
+        raise TechniqueError(f"the exported graph cannot be loaded: {type(exc).__name__}: {first_line(exc)}") from exc
     _first_call(module, task)
     setattr(module, "pareto_compile_s", time.perf_counter() - start)  # noqa: B010  (read by pareto.assess.build)
     return module
@@ -222,7 +212,7 @@ def _first_call(module: OrtModule, task: Task) -> None:
         with torch.inference_mode():
             module(*args)
     except Exception as exc:  # a graph ORT rejects fails the trial with ORT's reason
-        reason = f"{type(exc).__name__}: {_first_line(exc)}"
+        reason = f"{type(exc).__name__}: {first_line(exc)}"
         raise TechniqueError(f"ONNX Runtime cannot run the exported model: {reason}") from exc
 
 
@@ -262,7 +252,7 @@ class _OrtGraphQuantizer(Technique):
             except TechniqueError:
                 raise
             except Exception as exc:  # ORT's quantizer refuses some graphs: the trial fails with its reason
-                raise TechniqueError(f"{self.describe()} failed: {type(exc).__name__}: {_first_line(exc)}") from exc
+                raise TechniqueError(f"{self.describe()} failed: {type(exc).__name__}: {first_line(exc)}") from exc
             proto = onnx.load(str(target))
         quantized = OrtModule(proto, getattr(model, "pareto_source"))  # noqa: B009
         opened = time.perf_counter()

@@ -22,7 +22,7 @@ import importlib.util
 import platform
 import types
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
@@ -30,7 +30,7 @@ from torch import nn
 from pareto.compress.base import Backend, Family, Technique, model_device, register
 from pareto.compress.compile import _compile_reason
 from pareto.compress.quantize import TORCHAO_HINT, _has_ao_quantized, _is_wrapper_tensor
-from pareto.compress.tracing import calibration_inputs, quiet, trace_inputs
+from pareto.compress.tracing import calibration_inputs, first_line, quiet, trace_first
 from pareto.errors import TechniqueError
 
 if TYPE_CHECKING:
@@ -55,7 +55,10 @@ def _pt2e() -> tuple[SimpleNamespace | None, str]:
                 quantizer_module = importlib.import_module(quantizer)
         except Exception as exc:  # absent, or built for another torch: try the next home
             if flow.startswith("torchao") and importlib.util.find_spec("torchao") is not None:
-                broken = f"torchao is installed but its PT2E quantizer does not import: {type(exc).__name__}: {exc}"
+                broken = (
+                    f"torchao is installed but its PT2E quantizer does not import ({type(exc).__name__}: "
+                    f"{first_line(exc)}); upgrade it (pip install -U torchao)."
+                )
             continue
         return SimpleNamespace(
             prepare=quantize_pt2e.prepare_pt2e,
@@ -168,10 +171,9 @@ class Int8Static(Technique):
                         prepared(*args)
                 converted = flow.convert(prepared)
         except Exception as exc:  # the quantizer's own limits (some graphs' fusion patterns): the trial fails
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else "no message"
             raise TechniqueError(
                 f"{self.describe()}: {library}'s X86 Inductor quantizer failed on this model's graph: "
-                f"{type(exc).__name__}: {first}"
+                f"{type(exc).__name__}: {first_line(exc)}"
             ) from exc
         _drop_unused_attributes(converted)
         _eval_only(converted)
@@ -189,15 +191,14 @@ def _export(technique: Technique, model: nn.Module, task: Task) -> torch.fx.Grap
     Raises:
         TechniqueError: torch.export failed on every trace input (its first line is kept).
     """
-    failure: Exception | None = None
-    for args, dims in trace_inputs(task):
-        try:
-            with quiet():
-                return torch.export.export(model, args, dynamic_shapes=dims, strict=False).module()
-        except Exception as exc:  # torch.export's reason fails the trial
-            failure = exc
-    assert failure is not None
-    first = str(failure).strip().splitlines()[0] if str(failure).strip() else ""
-    raise TechniqueError(
-        f"{technique.describe()}: the model cannot be exported with torch.export: {type(failure).__name__}: {first}"
-    ) from failure
+
+    def export(args: tuple[Any, ...], dims: tuple[Any, ...]) -> torch.fx.GraphModule:
+        return torch.export.export(model, args, dynamic_shapes=dims, strict=False).module()
+
+    try:
+        return trace_first(task, export)
+    except Exception as exc:  # torch.export's reason fails the trial
+        raise TechniqueError(
+            f"{technique.describe()}: the model cannot be exported with torch.export: "
+            f"{type(exc).__name__}: {first_line(exc)}"
+        ) from exc

@@ -10,9 +10,10 @@ import contextlib
 import io
 import itertools
 import logging
+import re
 import warnings
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
 
 #: Batches of the task's data that static quantization calibrates activation ranges on, at most.
 CALIBRATION_BATCHES = 32
+
+T = TypeVar("T")
 
 
 def trace_inputs(task: Task) -> Iterator[tuple[tuple[Any, ...], tuple[Any, ...]]]:
@@ -41,6 +44,29 @@ def trace_inputs(task: Task) -> Iterator[tuple[tuple[Any, ...], tuple[Any, ...]]
             for a in args
         )
         yield args, dims
+
+
+def trace_first(task: Task, trace: Callable[[tuple[Any, ...], tuple[Any, ...]], T]) -> T:
+    """``trace(args, dynamic_shapes)`` on each of ``trace_inputs(task)`` in turn, quietly; the first result.
+
+    Raises:
+        Exception: the last input's failure, when every one failed.
+    """
+    failure: Exception | None = None
+    for args, dims in trace_inputs(task):
+        try:
+            with quiet():
+                return trace(args, dims)
+        except Exception as exc:  # try the next input; the caller words the last failure
+            failure = exc
+    assert failure is not None
+    raise failure
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an error's message, without terminal colours (torch.onnx puts them in)."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip()
+    return text.splitlines()[0] if text else "no message"
 
 
 def calibration_inputs(task: Task) -> list[tuple[Any, ...]]:

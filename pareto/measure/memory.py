@@ -350,7 +350,8 @@ def _plain_tensors(tensor: torch.Tensor) -> list[torch.Tensor]:
     if not is_traceable_wrapper_subclass(tensor):
         return [tensor]
     names, _ = tensor.__tensor_flatten__()
-    return [plain for name in names for plain in _plain_tensors(getattr(tensor, name))]
+    inner = [getattr(tensor, name) for name in names]
+    return [plain for t in inner if isinstance(t, torch.Tensor) for plain in _plain_tensors(t)]  # optional: None
 
 
 def _module_tensors(module: nn.Module) -> Iterator[tuple[object, torch.Tensor, torch.dtype, bool]]:
