@@ -44,6 +44,8 @@ CONFIGS = {
         ["lowrank:rank_ratio=0.25"],
         ["lowrank:energy=0.9"],
         ["int8_dynamic"],
+        ["int8_dynamic:kernels=torch.ao"],  # the kernels side by side (torchao's where installed)
+        ["int8_dynamic:kernels=torchao"],
         ["bf16"],
         ["fp16"],
         ["distill:width_ratio=0.5,steps=300"],
@@ -66,6 +68,8 @@ CONFIGS = {
         ["prune_structured:ratio=0.5"],
         ["lowrank:rank_ratio=0.25"],
         ["int8_dynamic"],
+        ["int8_dynamic:kernels=torch.ao"],  # the kernels side by side (torchao's where installed)
+        ["int8_dynamic:kernels=torchao"],
         ["bf16"],
         ["prune_structured:ratio=0.5", "int8_dynamic"],
         ["@compile"],
@@ -81,6 +85,8 @@ CONFIGS = {
         ["prune_structured:ratio=0.5"],
         ["lowrank:rank_ratio=0.5"],
         ["int8_dynamic"],
+        ["int8_dynamic:kernels=torch.ao"],  # the kernels side by side (torchao's where installed)
+        ["int8_dynamic:kernels=torchao"],
         ["prune_structured:ratio=0.25", "int8_dynamic"],
         ["prune_structured:ratio=0.25", "finetune:steps=200,lr=0.0001"],
         ["prune_structured:ratio=0.25", "finetune:steps=200,lr=0.0001", "int8_dynamic"],

@@ -249,6 +249,19 @@ def test_int8_dynamic_without_torchao_is_cpu_only(monkeypatch: pytest.MonkeyPatc
         assert Int8Dynamic().backend("cpu") == "torch.ao"
 
 
+def test_int8_dynamic_kernels_can_be_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert Int8Dynamic().params() == {}  # unset: the key of every stored int8_dynamic is unchanged
+    assert Int8Dynamic(kernels="torch.ao").describe() == "int8_dynamic(kernels=torch.ao)"
+    monkeypatch.setattr(quantize, "_torchao", lambda: (None, quantize.TORCHAO_HINT))
+    assert Int8Dynamic(kernels="torchao").backend("cpu") is None
+    assert Int8Dynamic(kernels="torchao").available("cpu") == quantize.TORCHAO_HINT
+    assert Int8Dynamic(kernels="torch.ao").available("cuda:0") == (
+        "torch.ao's int8 dynamic kernels run on the CPU only; on CUDA use kernels=torchao."
+    )
+    if Int8Dynamic().available("cpu") is None:
+        assert Int8Dynamic(kernels="torch.ao").backend("cpu") == "torch.ao"
+
+
 @pytest.mark.skipif(Int8Dynamic().available("cpu") is not None, reason="no quantized CPU engine")
 def test_int8_dynamic_quantizes_every_linear_and_stays_close(monkeypatch: pytest.MonkeyPatch) -> None:
     from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear

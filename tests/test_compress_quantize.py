@@ -121,7 +121,7 @@ def test_integer_quantization_needs_a_linear_layer() -> None:
 def test_torchao_int8_on_the_cpu(name: str) -> None:
     from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-    technique = get_technique(name)
+    technique = get_technique(name, {"kernels": "torchao"} if name == "int8_dynamic" else None)
     assert technique.available("cpu") is None and technique.backend("cpu") == "torchao"
     model = _mlp()
     quantized = apply(model, Config(techniques=(technique,), batch_size=4), _task(model))
@@ -138,6 +138,28 @@ def test_torchao_int8_on_the_cpu(name: str) -> None:
     assert count_flops(quantized, x) == count_flops(model, x) > 0
     assert activation_bytes(quantized, x, "cpu") > 0
     assert compute_dtype(quantized) == ("int8" if name == "int8_dynamic" else "fp32")
+
+
+@pytest.mark.skipif(not HAS_TORCHAO, reason="torchao is an optional extra and is not installed")
+def test_int8_dynamic_on_the_cpu_takes_torch_ao_kernels_unless_told_or_half() -> None:
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if Int8Dynamic(kernels="torch.ao").available("cpu") is not None:
+        pytest.skip(str(Int8Dynamic(kernels="torch.ao").available("cpu")))
+    assert Int8Dynamic().backend("cpu") == "torch.ao"  # unset: torch.ao's kernels on the CPU (faster here)
+    assert Int8Dynamic().backend("cuda:0") == "torchao"
+    assert Int8Dynamic(kernels="torchao").backend("cpu") == "torchao"
+    model = _mlp()
+    quantized = apply(model, Config(techniques=(Int8Dynamic(),), batch_size=4), _task(model))
+    assert sum(isinstance(m, DynamicQuantizedLinear) for m in quantized.modules()) == 2
+    # a bf16 model: torch.ao cannot take it, so unset kernels go to torchao; asked for torch.ao, it says so
+    config = Config(techniques=(get_technique("bf16"), Int8Dynamic()), batch_size=4)
+    half = apply(model, config, _task(model))
+    assert all(is_traceable_wrapper_subclass(m.weight) for m in half.modules() if isinstance(m, nn.Linear))
+    told = Config(techniques=(get_technique("bf16"), Int8Dynamic(kernels="torch.ao")), batch_size=4)
+    with pytest.raises(TechniqueError, match="needs float32 linear layers; with fp16 or bf16 use kernels=torchao"):
+        apply(model, told, _task(model))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or not HAS_TORCHAO, reason="int4 needs CUDA and torchao")

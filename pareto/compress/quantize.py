@@ -148,8 +148,16 @@ class Int8Dynamic(Technique):
     """Weights stored as int8, activations quantized on the fly per batch; every ``nn.Linear``.
 
     Cuts weight bytes by 4x, not FLOPs: it pays off where the linear layers are memory-bound.
-    Backend: torchao's ``Int8DynamicActivationInt8WeightConfig`` where torchao is installed (CPU
-    and CUDA), else PyTorch's eager ``quantize_dynamic`` (CPU only).
+    Kernels: PyTorch's eager ``quantize_dynamic`` (torch.ao, CPU only) or torchao's
+    ``Int8DynamicActivationInt8WeightConfig`` (CPU and CUDA; the optional extra). Unset, the CPU
+    takes torch.ao's and CUDA torchao's: side by side on a 2-core AMD EPYC, torch.ao's ran the demo
+    MLP 3.33x faster than the float model at the median where torchao's ran it 1.59x, MiniLM 2.15x
+    against 0.74x (torchao's lost less fidelity there: 0.27 points against 5.13), BENCHMARKS.md. A
+    search may list both (``kernels: [torch.ao, torchao]``).
+
+    Args:
+        kernels: ``"torch.ao"`` or ``"torchao"``; unset (None): torch.ao on the CPU (torchao for a
+            half-precision model, which torch.ao cannot take), torchao elsewhere.
     """
 
     name: ClassVar[str] = "int8_dynamic"
@@ -158,12 +166,14 @@ class Int8Dynamic(Technique):
     family: ClassVar[Family] = "quantize"
     summary: ClassVar[str] = "int8 weights, activations quantized per batch on the fly, every nn.Linear"
 
+    kernels: Literal["torch.ao", "torchao"] | None = None
+
     def backend(self, device: str) -> str | None:
-        """``"torchao"``, ``"torch.ao"`` (eager, CPU) or None when neither can run on ``device``."""
-        if _torchao_reason("Int8DynamicActivationInt8WeightConfig") is None:
-            return "torchao"
-        if device.startswith("cpu") and self._eager_reason() is None:
+        """``"torch.ao"`` (eager, CPU), ``"torchao"``, or None when the chosen (or neither) cannot run on ``device``."""
+        if self.kernels != "torchao" and device.startswith("cpu") and self._eager_reason() is None:
             return "torch.ao"
+        if self.kernels != "torch.ao" and _torchao_reason("Int8DynamicActivationInt8WeightConfig") is None:
+            return "torchao"
         return None
 
     def available(self, device: str, task: Task | None = None) -> str | None:
@@ -171,7 +181,11 @@ class Int8Dynamic(Technique):
             return "the model has no nn.Linear layer to quantize."
         if self.backend(device) is not None:
             return None
+        if self.kernels == "torchao":
+            return _torchao_reason("Int8DynamicActivationInt8WeightConfig")
         if not device.startswith("cpu"):
+            if self.kernels == "torch.ao":
+                return "torch.ao's int8 dynamic kernels run on the CPU only; on CUDA use kernels=torchao."
             return f"int8 dynamic quantization runs on the CPU only without torchao; on CUDA it {TORCHAO_HINT}."
         return self._eager_reason()
 
@@ -195,6 +209,10 @@ class Int8Dynamic(Technique):
         backend = self.backend(device)
         if backend is None:
             raise TechniqueError(f"{self.describe()}: {self.available(device)}")
+        half = any(m.weight.dtype != torch.float32 for m in linears)
+        torchao = _torchao_reason("Int8DynamicActivationInt8WeightConfig") is None
+        if backend == "torch.ao" and half and self.kernels is None and torchao:
+            backend = "torchao"  # unset kernels: torch.ao cannot take fp16/bf16 linears, torchao can
         if backend == "torchao":
             quantized = _torchao_quantize(
                 self, model, _torchao_config("Int8DynamicActivationInt8WeightConfig"), linears
@@ -202,10 +220,11 @@ class Int8Dynamic(Technique):
             # its int8 weights report the float dtype they stand for; the matmuls run on int8 activations
             setattr(quantized, "pareto_compute_dtype", "int8")  # noqa: B010  (read by measure.compute.compute_dtype)
             return quantized
-        if any(m.weight.dtype != torch.float32 for m in linears):
+        if half:
+            instead = "use kernels=torchao" if torchao else f"it {TORCHAO_HINT}"
             raise TechniqueError(
                 f"{self.describe()}: PyTorch's eager int8 dynamic quantization needs float32 linear layers; "
-                f"with fp16 or bf16 it {TORCHAO_HINT}."
+                f"with fp16 or bf16 {instead}."
             )
         quantize_dynamic = _quantize_dynamic()
         assert quantize_dynamic is not None  # backend() checked it
