@@ -554,17 +554,18 @@ def _serialize(
     requires = _requires(eager)
     if _has_torch_ao_quantized(eager):
         return _torchscript(eager, _arguments(task.example_input(batch_size), device), folder, requires, _INT8_EAGER)
+    freezing = bool(getattr(eager, "pareto_inductor_freezing", False))  # a PT2E graph, compiled as measured
     try:
         artifact = _torch_export(eager, task, batch_size, device, folder, requires)
     except Exception as exc:  # a model torch.export cannot trace; TorchScript may still hold it
         export_error = _reason(exc)
-        if getattr(eager, "pareto_inductor_freezing", False):  # TorchScript would not be served as measured
+        if freezing:  # TorchScript would not be served as measured
             raise ParetoError(
                 f"Trial {selection.trial} ({selection.candidate.description}) cannot be serialized: torch.export "
                 f"failed on its PT2E graph ({export_error}), and no other format is compiled as it was measured."
             ) from exc
     else:
-        return dataclasses.replace(artifact, inductor_freezing=bool(getattr(eager, "pareto_inductor_freezing", False)))
+        return dataclasses.replace(artifact, inductor_freezing=freezing)
     why = f"torch.export failed on this model ({export_error}), so the artifact is TorchScript"
     try:
         return _torchscript(eager, _arguments(task.example_input(batch_size), device), folder, requires, why)

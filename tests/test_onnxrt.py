@@ -26,7 +26,7 @@ from pareto.store.engine import open_engine, session_scope
 from pareto.store.models import Trial
 from pareto.task import Task
 from tests.test_cli import one_sentence, pareto
-from tests.tiny_task import make_task
+from tests.tiny_task import make_conv_task, make_task
 
 pytest.importorskip("onnxruntime", reason="the onnxruntime backend needs pip install 'pareto-slo[onnx]'")
 pytest.importorskip("onnxscript", reason="torch.onnx's dynamo exporter needs onnxscript")
@@ -72,25 +72,8 @@ def test_ort_int8_dynamic_stores_int8_weights_and_keeps_the_output(task: Task) -
     assert params_bytes(per_channel) > params_bytes(served)  # one scale per output channel
 
 
-def _conv_task() -> Task:
-    torch.manual_seed(0)
-    model = nn.Sequential(
-        nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
-        nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 4),
-    ).eval()  # fmt: skip
-    x = torch.randn(64, 3, 8, 8, generator=torch.Generator().manual_seed(1))
-    return Task(
-        name="conv",
-        model=model,
-        example_input=lambda batch_size: x[:batch_size].clone(),
-        evaluate=lambda m: 1.0,
-        train_data=[(x[i : i + 8], None) for i in range(0, 64, 8)],
-        batch_size=8,
-    )
-
-
 def test_ort_int8_static_calibrates_convs_on_the_training_inputs() -> None:
-    conv = _conv_task()
+    conv = make_conv_task()
     config = Config(techniques=(get_technique("ort_int8_static"),), batch_size=8, backend="onnxruntime")
     served = apply(conv.model, config, conv)
     x = conv.example_input(8)

@@ -31,6 +31,7 @@ from pareto.spec import SearchSpec
 from pareto.store.engine import open_engine, session_scope
 from pareto.store.models import Trial
 from pareto.task import Task
+from tests.tiny_task import make_conv_task
 
 STATIC = Config(techniques=(get_technique("int8_static"),), batch_size=8, backend="compile")
 HAS_PT2E = pt2e.pt2e_reason("cpu") is None
@@ -101,33 +102,9 @@ def test_compile_wraps_only_a_graph_marked_for_freezing(monkeypatch: pytest.Monk
 # --- with torchao ---------------------------------------------------------------------------------
 
 
-def _conv_task() -> Task:
-    """Conv, batch norm and ReLU twice, pooled Linear head; calibration data with signal."""
-    torch.manual_seed(0)
-    model = nn.Sequential(
-        nn.Conv2d(3, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU(),
-        nn.Conv2d(32, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10),
-    )  # fmt: skip
-    with torch.no_grad():  # batch-norm statistics that are not the identity: folding them is then checked
-        for bn in (model[1], model[4]):
-            bn.running_mean.uniform_(-0.2, 0.2)
-            bn.running_var.uniform_(0.5, 2.0)
-    model.eval()
-    x = torch.randn(96, 3, 12, 12, generator=torch.Generator().manual_seed(1))
-    return Task(
-        name="conv",
-        model=model,
-        example_input=lambda batch_size: x[:batch_size].clone(),
-        evaluate=lambda m: 1.0,
-        train_data=[(x[i : i + 16], None) for i in range(0, 96, 16)],
-        batch_size=8,
-    )
-
-
 @pytest.fixture(scope="module")
 def conv() -> Task:
-    return _conv_task()
+    return make_conv_task()
 
 
 @needs_pt2e
@@ -211,7 +188,7 @@ def test_a_graph_the_quantizer_cannot_annotate_fails_the_trial_with_its_reason(
 def _spec(tmp_name: str) -> SearchSpec:
     return SearchSpec.model_validate(
         {
-            "task": "tests.test_pt2e:_conv_task",
+            "task": "tests.tiny_task:make_conv_task",
             "study": tmp_name,
             "objectives": ["p99"],
             "slo": {"p99": "1s"},

@@ -56,6 +56,31 @@ def make_task() -> Task:
     return _task("tiny", nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4)))
 
 
+def make_conv_task() -> Task:
+    """Conv, batch norm and ReLU twice, a pooled Linear head, and 6 batches of training inputs (no labels)
+    for static quantization to calibrate on; batch-norm statistics that are not the identity."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU(),
+        nn.Conv2d(32, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10),
+    )  # fmt: skip
+    with torch.no_grad():  # batch-norm statistics that are not the identity: folding them is then checked
+        for bn in (model[1], model[4]):
+            bn.running_mean.uniform_(-0.2, 0.2)
+            bn.running_var.uniform_(0.5, 2.0)
+    model.eval()
+    x = torch.randn(96, 3, 12, 12, generator=torch.Generator().manual_seed(1))
+    return Task(
+        name="conv",
+        model=model,
+        example_input=lambda batch_size: x[:batch_size].clone(),
+        evaluate=lambda m: 1.0,
+        train_data=[(x[i : i + 16], None) for i in range(0, 96, 16)],
+        batch_size=8,
+    )
+
+
 def make_single_layer_task() -> Task:
     """One Linear layer: structured pruning has no hidden units to remove, so it fails on this model."""
     torch.manual_seed(0)

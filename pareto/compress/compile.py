@@ -177,9 +177,15 @@ def _signature(args: tuple[Any, ...]) -> tuple[Any, ...]:
     Nested arguments are flattened (``torch.utils._pytree``); a hashable non-tensor leaf counts by
     value (Dynamo specializes on ints, floats, bools and strings), an unhashable one by identity.
     """
+    from torch.utils import _pytree
+
     parts: list[Any] = [torch.is_grad_enabled(), torch.is_inference_mode_enabled()]
     for arg in args:
-        leaves = [arg] if isinstance(arg, torch.Tensor) else _flatten(arg, parts)
+        if isinstance(arg, torch.Tensor):
+            leaves: list[Any] = [arg]
+        else:
+            leaves, structure = _pytree.tree_flatten(arg)
+            parts.append(str(structure))
         for leaf in leaves:
             if isinstance(leaf, torch.Tensor):
                 parts.append((tuple(leaf.shape), leaf.stride(), leaf.dtype, leaf.device, leaf.requires_grad))
@@ -191,12 +197,3 @@ def _signature(args: tuple[Any, ...]) -> tuple[Any, ...]:
                 else:
                     parts.append((type(leaf), leaf))
     return tuple(parts)
-
-
-def _flatten(arg: Any, parts: list[Any]) -> list[Any]:
-    """``arg``'s leaves; its structure goes into ``parts``."""
-    from torch.utils import _pytree
-
-    leaves, spec = _pytree.tree_flatten(arg)
-    parts.append(str(spec))
-    return leaves

@@ -23,6 +23,7 @@ from torch import nn
 
 from pareto.compress.base import Backend, Family, Technique, cuda_capability, register
 from pareto.compress.prune import semi_structured_linears, to_dense_weights, to_semi_structured_weights
+from pareto.compress.tracing import quiet
 from pareto.errors import TechniqueError
 
 if TYPE_CHECKING:
@@ -52,8 +53,6 @@ def _torchao() -> tuple[ModuleType | None, str | None]:
     """``(torchao.quantization, None)``, or ``(None, why not)`` when torchao is absent or broken."""
     if importlib.util.find_spec("torchao") is None:
         return None, TORCHAO_HINT
-    from pareto.compress.tracing import quiet
-
     try:
         with quiet():  # torchao logs a line for each optional kernel library this machine cannot load
             module = importlib.import_module("torchao.quantization")

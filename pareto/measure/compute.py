@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from torch.utils.flop_counter import FlopCounterMode
 
 from pareto.measure.latency import as_args
@@ -334,8 +335,6 @@ def _extra_formulas() -> dict[Any, Any]:
 def _counted_by_hook(module: nn.Module, quantized: type[nn.Module] | None) -> bool:
     """A linear layer whose matmul the counter cannot see: torch.ao's dynamic-quantized Linear, or an
     ``nn.Linear`` whose weight is a wrapper tensor subclass (torchao's int8/int4 weights run their own ops)."""
-    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
-
     if quantized is not None and isinstance(module, quantized):
         return True
     return isinstance(module, nn.Linear) and is_traceable_wrapper_subclass(module.weight)
