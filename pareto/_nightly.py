@@ -58,6 +58,7 @@ ENVIRONMENT_FIELDS = (
     "hostname",
     "onnxruntime_version",
     "torchao_version",
+    "cuda_math",
 )
 
 

@@ -17,12 +17,15 @@ from sqlalchemy import select
 from pareto.metrics import Metrics
 from pareto.store import queries
 from pareto.store.engine import open_engine, session_scope, upgrade
-from pareto.store.models import Environment, Measurement, Run, Trial, utcnow
+from pareto.store.models import Measurement, Run, Trial, utcnow
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
+    from torch import nn
 
-    from pareto.measure.latency import LatencyResult
+    from pareto.compress import Config
+    from pareto.devices import DeviceTask
+    from pareto.measure.latency import LatencyResult, RoundPlan
     from pareto.measure.probe import ContentionProbe
     from pareto.measure.roofline import HardwareProfile
     from pareto.spec import Measure
@@ -31,17 +34,46 @@ if TYPE_CHECKING:
 
 @dataclass
 class Bench:
-    """Where and how this process measures: the task, the device, its environment, the database."""
+    """Where and how this process measures: the task on its device, the environment, the database.
 
-    engine: Engine
-    task: Task
+    The bench owns the device: it is resolved once, here, and ``task`` is the task's view on it
+    (``pareto.devices.on_device``): every model built for this bench (``build``) and every input,
+    training batch and evaluation that feeds one sits on ``device``.
+    """
+
+    database: Engine | None  # None: measuring beside no database (``pareto measure`` before any search)
+    task: DeviceTask
     device: str
     threads: int
     fingerprint: dict[str, Any]
-    env_id: int
+    stored_env_id: int | None  # None on a read-only bench: the environment is not stored
     measure: Measure
     profile: HardwareProfile | None = None
     profile_note: str | None = None
+    #: the environment's quiet contention-probe time from earlier runs (None before the first)
+    quiet_ms: float | None = None
+
+    @property
+    def engine(self) -> Engine:
+        """The database this bench stores into (a read-only bench has none to store into)."""
+        assert self.database is not None, "a read-only bench stores nothing"
+        return self.database
+
+    @property
+    def env_id(self) -> int:
+        """The stored environment's id."""
+        assert self.stored_env_id is not None, "a read-only bench stores no environment"
+        return self.stored_env_id
+
+    def probe(self) -> ContentionProbe | None:
+        """A contention probe for a run on this bench (None when the guard is off)."""
+        from pareto.measure.probe import ContentionProbe
+
+        if self.measure.contention_limit is None:
+            return None
+        return ContentionProbe(
+            self.device, threads=self.threads, stored_quiet_ms=self.quiet_ms, limit=self.measure.contention_limit
+        )
 
 
 @dataclass
@@ -52,48 +84,71 @@ class RunHandle:
     probe: ContentionProbe | None
 
 
-def open_bench(db_url: str, task: Task, measure: Measure, *, with_profile: bool = True) -> Bench:
-    """Resolve the device and thread count, store the environment, find the roofline profile.
+def open_bench(
+    db_url: str | None, task: Task, measure: Measure, *, with_profile: bool = True, read_only: bool = False
+) -> Bench:
+    """Resolve the device and thread count, put the task's data there, store the environment, find the
+    roofline profile.
+
+    With ``read_only`` nothing is written: calibrations and the probe's quiet time are read from the
+    database when it exists, and the bench has no engine when it does not.
 
     Raises:
         UsageError: a bad device or hardware profile; StoreError: the database cannot be used.
     """
     import torch
 
+    from pareto.devices import on_device, resolve_device
     from pareto.measure.environment import fingerprint
-    from pareto.measure.latency import resolve_device
-    from pareto.measure.roofline import resolve_profile
 
     device = resolve_device(measure.device)
     threads = measure.threads or torch.get_num_threads()
     env_fp = fingerprint(device, threads)
-    engine = open_engine(db_url)
-    upgrade(engine)
-    with session_scope(engine) as session:
-        env_id = queries.environment_id(session, env_fp)
-        calibration, note = queries.host_calibration(session, env_fp)
+    engine, env_id, calibration, note, quiet = _stored_environment(db_url, env_fp, read_only)
     profile = None
     if with_profile:
+        from pareto.measure.roofline import resolve_profile
+
         profile, missing = resolve_profile(measure.hardware, fingerprint=env_fp, calibration=calibration)
         note = note or missing if measure.hardware in {"auto", "host"} else None
-    return Bench(engine, task, device, threads, env_fp, env_id, measure, profile, note)
+    view = on_device(task, device)
+    return Bench(engine, view, device, threads, env_fp, env_id, measure, profile, note, quiet)
+
+
+def _stored_environment(
+    db_url: str | None, env_fp: dict[str, Any], read_only: bool
+) -> tuple[Engine | None, int | None, HardwareProfile | None, str | None, float | None]:
+    """The engine, the environment's id (stored unless read-only), its calibration, why none, its quiet probe time."""
+    from pareto.errors import StoreError
+    from pareto.measure.environment import environment_key
+    from pareto.store.engine import require_schema
+
+    if db_url is None:
+        return None, None, None, None, None
+    try:
+        engine = open_engine(db_url, create=not read_only)
+        if read_only:
+            require_schema(engine)
+        else:
+            upgrade(engine)
+    except StoreError:
+        if not read_only:
+            raise
+        return None, None, None, None, None  # no database yet: no calibration, the probe's quiet time is its own
+    with session_scope(engine) as session:
+        env_id = None if read_only else queries.environment_id(session, env_fp)
+        calibration, note = queries.host_calibration(session, env_fp)
+        quiet = queries.probe_quiet_ms(session, environment_key(env_fp))
+    return engine, env_id, calibration, note, quiet
 
 
 def start_run(bench: Bench, *, kind: str, study_id: int | None) -> RunHandle:
     """Store a new run; build its contention probe against the environment's quiet time."""
-    from pareto.measure.probe import ContentionProbe
+    from pareto.measure.environment import environment_key
 
     with session_scope(bench.engine) as session:
-        env = session.get(Environment, bench.env_id)
-        assert env is not None
-        probe = None
-        if bench.measure.contention_limit is not None:
-            probe = ContentionProbe(
-                bench.device,
-                threads=bench.threads,
-                stored_quiet_ms=queries.probe_quiet_ms(session, env.key),
-                limit=bench.measure.contention_limit,
-            )
+        bench.quiet_ms = queries.probe_quiet_ms(session, environment_key(bench.fingerprint))
+        probe = bench.probe()
         run = Run(
             study_id=study_id,
             kind=kind,
@@ -106,6 +161,58 @@ def start_run(bench: Bench, *, kind: str, study_id: int | None) -> RunHandle:
         session.add(run)
         session.flush()
         return RunHandle(run.id, probe)
+
+
+@dataclass
+class Built:
+    """A configuration built on the bench's device, and what building it took."""
+
+    config: Config
+    model: nn.Module
+    compress_s: float
+    compile_s: float | None
+
+
+def build(bench: Bench, config: Config) -> Built:
+    """``config`` applied to a copy of the bench's model, on the bench's device.
+
+    Raises:
+        TechniqueError: the configuration broke the model (the reason is kept for the trial).
+    """
+    from pareto.assess import build as build_on
+
+    model, compress_s, compile_s = build_on(bench.task, config, bench.device)
+    return Built(config, model, compress_s, compile_s)
+
+
+def time_together(
+    bench: Bench,
+    configs: list[Config],
+    *,
+    plan: RoundPlan,
+    probe: ContentionProbe | None,
+    seed: int | None = None,
+) -> list[tuple[Built, LatencyResult]]:
+    """Build every configuration and time them in interleaved rounds, in a random order each round:
+    the one way pareto measures a configuration beside its baseline (``pareto measure``, re-measure,
+    confirmation, a search's baseline timed again). A configuration listed twice is built once.
+
+    Raises:
+        TechniqueError: a configuration broke the model.
+    """
+    from pareto.measure.latency import Timed, measure_interleaved
+
+    built: dict[str, Built] = {}
+    for config in configs:
+        if config.key() not in built:
+            built[config.key()] = build(bench, config)
+    unique = list(built.values())
+    items = [Timed(b.model, bench.task.example_input(b.config.batch_size), label=b.config.key()) for b in unique]
+    latencies = measure_interleaved(
+        items, device=bench.device, plan=plan, threads=bench.threads, probe=probe, seed=seed
+    )
+    by_key = {b.config.key(): (b, latency) for b, latency in zip(unique, latencies, strict=True)}
+    return [by_key[config.key()] for config in configs]
 
 
 def finish_run(bench: Bench, run: RunHandle, **details: Any) -> None:

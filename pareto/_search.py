@@ -7,6 +7,7 @@ configurations re-measured in interleaved rounds with the baseline) → ``_resul
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import signal
@@ -33,11 +34,13 @@ from pareto._runs import (
     start_run,
     store_measurement,
     stored_metrics,
+    time_together,
 )
-from pareto.assess import Rejected, assess, build, check_input_fits, remeasured, round_plan
+from pareto.assess import Rejected, assess, preflight, remeasured, round_plan
 from pareto.compress import BACKENDS, Backend, Config, backend_reason, get_technique
+from pareto.compress.pipeline import technique_reason
 from pareto.confirmation import ConfirmResult, confirm_pick, load_candidates
-from pareto.errors import MachineBusy, NoFeasibleConfiguration, TechniqueError, UsageError
+from pareto.errors import BaselineFailed, MachineBusy, NoFeasibleConfiguration, TechniqueError, UsageError
 from pareto.frontier import (
     DEFAULT_OBJECTIVE_NAMES,
     Candidate,
@@ -104,6 +107,7 @@ class TrialOutcome:
     metrics: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
     repeat_of: int | None = None  # DUPLICATE: the trial that measured (or rejected) this configuration
+    baseline: bool = False  # the uncompressed model
 
 
 @dataclass
@@ -153,11 +157,14 @@ def run_search(spec: SearchSpec, *, db_url: str, reporter: Reporter | None = Non
     setup = prepare(spec, db_url, reporter)
     study = optuna_study(setup, db_url)
     _fail_stale_trials(study)  # a dead worker's trial: failed and queued again before this run starts
+    preflight_baseline(setup, study)
     run = start_run(setup.bench, kind="search", study_id=setup.study_id)
     _time_baselines(setup, run, study, reporter)
     loop = _optimize(setup, run, study, reporter)
     outcomes = loop.outcomes
     finish_run(setup.bench, run, trials=len(outcomes), interrupted=loop.interrupted, stopped_busy=loop.stopped_busy)
+    if loop.baseline_failed is not None:
+        raise BaselineFailed(loop.baseline_failed)
     confirmation = None if loop.interrupted or loop.stopped_busy else confirm_search(setup, run, reporter)
     result = search_result(
         setup,
@@ -177,16 +184,16 @@ def run_search(spec: SearchSpec, *, db_url: str, reporter: Reporter | None = Non
 def prepare(spec: SearchSpec, db_url: str, reporter: Reporter) -> SearchSetup:
     task = load_task(spec.task)
     bench = open_bench(db_url, task, spec.measure)
+    spec = _space_for_device(spec, bench.device, reporter)
     # in one fixed order: Optuna refuses a categorical whose choices change order within a study
     backends: tuple[Backend, ...] = tuple(b for b in BACKENDS if b in (spec.space.backend or ["eager"]))
     for backend in backends:
         reason = backend_reason(backend, bench.device)
         if reason is not None:
             raise UsageError(f"Backend {backend} cannot serve here: {reason.rstrip('.')}.")
-    techniques, skipped = _available_techniques(spec, bench.device, task, backends)
+    techniques, skipped = _available_techniques(spec, bench.device, bench.task, backends)
     for name, reason in skipped:
         reporter.notice(f"Skipping technique {name}: {reason}")
-    check_input_fits(task)
     with session_scope(bench.engine) as session:
         spec = _adopt_stored_objectives(session, spec)
         previous = _stored_sampler(session, spec.study_name)
@@ -212,6 +219,20 @@ def prepare(spec: SearchSpec, db_url: str, reporter: Reporter) -> SearchSetup:
         baseline_theoretical_bytes=theoretical_bytes(task.model),
         backends=backends,
     )
+
+
+def _space_for_device(spec: SearchSpec, device: str, reporter: Reporter) -> SearchSpec:
+    """On a GPU, a spec that does not name its techniques searches the GPU's levers
+    (``pareto.spec.DEFAULT_CUDA_SPACE``): the CPU's default space has little that pays there."""
+    unsaid = "space" not in spec.model_fields_set or "techniques" not in spec.space.model_fields_set
+    if not (device.startswith("cuda") and unsaid):
+        return spec
+    from pareto.spec import DEFAULT_CUDA_SPACE
+
+    techniques = copy.deepcopy(DEFAULT_CUDA_SPACE["techniques"])
+    reporter.notice(f"On {device} the default space searches the GPU's levers: {', '.join(techniques)}.")
+    space = spec.space.model_copy(update={"techniques": techniques})
+    return spec.model_copy(update={"space": Space.model_validate(space.model_dump())})
 
 
 def constraints_of(spec: SearchSpec) -> Constraints:
@@ -320,6 +341,44 @@ def create_study(spec: SearchSpec, *, db_url: str) -> str:
     return spec.study_name
 
 
+def preflight_baseline(setup: SearchSetup, study: optuna.Study) -> None:
+    """Before any trial: the uncompressed model built on the device, run at every batch size, evaluated
+    once and counted once (``pareto.assess.preflight``). When that fails, the baseline is stored as one
+    FAILED trial with the reason, in Optuna's table and in pareto's, and the search stops.
+
+    Raises:
+        BaselineFailed: the uncompressed model cannot be measured here.
+    """
+    try:
+        preflight(setup.bench.task, setup.batch_sizes, setup.bench.device)
+    except BaselineFailed as exc:
+        batch_size = setup.batch_sizes[0]
+        params = {"batch_size": batch_size, **{name: False for name in setup.techniques}}
+        study.enqueue_trial(params, user_attrs={"pareto_baseline": batch_size})
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # Optuna's note that heartbeats go with optimize()
+            trial = study.ask()
+        config = suggest(trial, setup.batch_sizes, setup.techniques, backends=setup.backends)
+        with session_scope(setup.bench.engine) as session:
+            session.add(
+                Trial(
+                    study_id=setup.study_id,
+                    optuna_number=trial.number,
+                    config=config.to_dict(),
+                    config_key=config.key(),
+                    description=config.describe(),
+                    is_baseline=config.is_baseline,
+                    batch_size=config.batch_size,
+                    environment_id=setup.bench.env_id,
+                    state="FAILED",
+                    error=str(exc),
+                    finished_at=utcnow(),
+                )
+            )
+        study.tell(trial, state=TrialState.FAIL)
+        raise
+
+
 def _time_baselines(setup: SearchSetup, run: RunHandle, study: optuna.Study, reporter: Reporter) -> None:
     """Time the uncompressed model at every batch size in this run: speedups divide by it.
 
@@ -369,19 +428,11 @@ def _baseline_here(setup: SearchSetup, batch_size: int) -> int | None:
 
 
 def _retime_baseline(setup: SearchSetup, run: RunHandle, trial_id: int, batch_size: int, reporter: Reporter) -> None:
-    from pareto.measure.latency import measure_latency
-
     bench = setup.bench
     stored = stored_metrics(bench, trial_id)
     assert stored is not None
-    model, _, _ = build(bench.task, Config(batch_size=batch_size), bench.device)
-    latency = measure_latency(
-        model,
-        bench.task.example_input(batch_size),
-        device=bench.device,
-        plan=round_plan(bench.measure, None),
-        threads=bench.threads,
-        probe=run.probe,
+    [(_, latency)] = time_together(
+        bench, [Config(batch_size=batch_size)], plan=round_plan(bench.measure, None), probe=run.probe
     )
     try:
         timed = remeasured(stored, latency)
@@ -407,66 +458,22 @@ class _Loop:
     interrupted: bool = False
     stopped_busy: bool = False
     exhausted: str | None = None
+    #: the uncompressed model's trial failed: why (the search stops, nothing left to compare with)
+    baseline_failed: str | None = None
 
 
 def _optimize(setup: SearchSetup, run: RunHandle, study: optuna.Study, reporter: Reporter) -> _Loop:
     """Optuna's loop, until ``--n-trials`` new configurations were tried (measured, rejected early or
     failed: a repeat of one measured already is answered from the database, and a trial the contention
     guard gave up on measured nothing; neither counts), the timeout, Ctrl-C, a machine that stays
-    busy, or nothing new left to propose."""
+    busy, the uncompressed model's own trial failing, or nothing new left to propose."""
     objective = _Objective(setup, run)
-    loop = _Loop([])
-    with session_scope(setup.bench.engine) as session:
-        row = session.get(Study, setup.study_id)
-        assert row is not None
-        seen = queries.candidates(session, row, session.get(Environment, setup.bench.env_id))
-    budget = setup.spec.search.n_trials
-    size = _space_size(setup)
-    streak = {"repeats": 0, "new": 0}
-
-    def on_trial(_study: optuna.Study, _trial: optuna.trial.FrozenTrial) -> None:
-        outcome, objective.last = objective.last, None
-        if outcome is None:
-            return
-        loop.outcomes.append(outcome)
-        if outcome.state == "COMPLETE":
-            seen.append(
-                Candidate(setup.spec.study_name, outcome.number, {}, outcome.description, dict(outcome.metrics), {})
-            )
-        reporter.trial_done(outcome, _best_or_none(seen, setup.constraints, setup.spec.study_name))
-        if outcome.state == "BUSY" and not _wait_for_quiet(run, reporter):
-            loop.stopped_busy = True
-            _study.stop()
-            return
-        if outcome.state == "DUPLICATE":
-            streak["repeats"] += 1
-        elif outcome.state != "BUSY":  # a busy trial measured nothing: proposed again, it is measured then
-            streak["repeats"] = 0
-            streak["new"] += 1
-        reason = None
-        if streak["new"] >= budget:
-            pass
-        elif size is not None and _tried_here(setup) >= size:
-            reason = f"all {size} configurations of the search space were tried in this environment"
-        elif streak["repeats"] >= REPEATS_IN_A_ROW:
-            reason = (
-                f"the {setup.spec.search.sampler} sampler proposed {REPEATS_IN_A_ROW} configurations in a row "
-                "that were measured already"
-            )
-        if reason is not None:
-            loop.exhausted = reason
-            reporter.notice(
-                f"Nothing new left to propose: {reason}. Stopped after {streak['new']} new configurations "
-                f"of the {budget} asked for."
-            )
-        if streak["new"] >= budget or reason is not None:
-            _study.stop()
-
+    after = _AfterTrial(setup, run, objective, reporter)
     timeout = setup.spec.search.timeout / 1000 if setup.spec.search.timeout else None
     reporter.start(
         study=setup.spec.study_name,
         task=setup.bench.task.name,
-        n_trials=budget,
+        n_trials=setup.spec.search.n_trials,
         timeout_s=timeout,
         stored=setup.stored,
     )
@@ -474,15 +481,76 @@ def _optimize(setup: SearchSetup, run: RunHandle, study: optuna.Study, reporter:
         with _StopOnInterrupt(study, reporter) as stop:
             study.optimize(
                 objective,
-                n_trials=None,  # on_trial stops the study: repeats do not count
+                n_trials=None,  # the callback stops the study: repeats do not count
                 timeout=timeout,
                 catch=(TechniqueError, MachineBusy),
-                callbacks=[on_trial, stop.after_trial],
+                callbacks=[after, stop.after_trial],
             )
-        loop.interrupted = stop.requested
+        after.loop.interrupted = stop.requested
     except KeyboardInterrupt:
-        loop.interrupted = True
-    return loop
+        after.loop.interrupted = True
+    return after.loop
+
+
+class _AfterTrial:
+    """Optuna's callback after each trial: report it, then stop the study when the search is done."""
+
+    def __init__(self, setup: SearchSetup, run: RunHandle, objective: _Objective, reporter: Reporter) -> None:
+        self.setup, self.run, self.objective, self.reporter = setup, run, objective, reporter
+        self.loop = _Loop([])
+        with session_scope(setup.bench.engine) as session:
+            row = session.get(Study, setup.study_id)
+            assert row is not None
+            self.seen = queries.candidates(session, row, session.get(Environment, setup.bench.env_id))
+        self.budget = setup.spec.search.n_trials
+        self.size = _space_size(setup)
+        self.repeats = self.new = 0
+
+    def __call__(self, study: optuna.Study, _trial: optuna.trial.FrozenTrial) -> None:
+        outcome, self.objective.last = self.objective.last, None
+        if outcome is None:
+            return
+        self.loop.outcomes.append(outcome)
+        name = self.setup.spec.study_name
+        if outcome.state == "COMPLETE":
+            self.seen.append(Candidate(name, outcome.number, {}, outcome.description, dict(outcome.metrics), {}))
+        self.reporter.trial_done(outcome, _best_or_none(self.seen, self.setup.constraints, name))
+        if outcome.state == "FAILED" and outcome.baseline:
+            self.loop.baseline_failed = (
+                f"Trial {outcome.number}, the uncompressed model ({outcome.description}), failed: "
+                f"{(outcome.error or 'no reason').rstrip('.')}; the search stops, every trial stored."
+            )
+            study.stop()
+        elif outcome.state == "BUSY" and not _wait_for_quiet(self.run, self.reporter):
+            self.loop.stopped_busy = True
+            study.stop()
+        elif self._done(outcome):
+            study.stop()
+
+    def _done(self, outcome: TrialOutcome) -> bool:
+        """Count the trial; True when the budget is spent or nothing new is left to propose."""
+        if outcome.state == "DUPLICATE":
+            self.repeats += 1
+        elif outcome.state != "BUSY":  # a busy trial measured nothing: proposed again, it is measured then
+            self.repeats, self.new = 0, self.new + 1
+        if self.new >= self.budget:
+            return True
+        reason = None
+        if self.size is not None and _tried_here(self.setup) >= self.size:
+            reason = f"all {self.size} configurations of the search space were tried in this environment"
+        elif self.repeats >= REPEATS_IN_A_ROW:
+            reason = (
+                f"the {self.setup.spec.search.sampler} sampler proposed {REPEATS_IN_A_ROW} configurations in a row "
+                "that were measured already"
+            )
+        if reason is None:
+            return False
+        self.loop.exhausted = reason
+        self.reporter.notice(
+            f"Nothing new left to propose: {reason}. Stopped after {self.new} new configurations "
+            f"of the {self.budget} asked for."
+        )
+        return True
 
 
 def _space_size(setup: SearchSetup) -> int | None:
@@ -765,7 +833,7 @@ class _Objective:
             row = session.get(Trial, row_id)
             assert row is not None
             row.state, row.error, row.finished_at = state, reason, utcnow()
-        self.last = TrialOutcome(trial.number, state, config.describe(), error=reason)
+        self.last = TrialOutcome(trial.number, state, config.describe(), error=reason, baseline=config.is_baseline)
 
     def _reject(self, row_id: int, trial: optuna.Trial, config: Config, exc: Rejected, slo_ms: float) -> None:
         """Rejected early: PRUNED in both tables, with the first round's latency; the sampler sees the
@@ -823,7 +891,7 @@ def _available_techniques(
                 served = ", ".join(backends)
                 skipped.append((name, f"it runs on the {where} backend; this search serves on {served}."))
             continue
-        reason = technique.available(device, task)
+        reason = technique_reason(technique, device, task)
         if reason is None:
             usable[name] = space
         else:

@@ -43,16 +43,22 @@ def shares(n_trials: int, workers: int) -> list[int]:
     return [base + (1 if k < extra else 0) for k in range(workers)]
 
 
-def worker_devices(device: str, workers: int) -> list[str]:
-    """The device of each worker: with ``cuda`` (no index) and several GPUs, one GPU each in turn;
-    otherwise all on the same device, timing one at a time."""
+def worker_devices(device: str, workers: int) -> list[tuple[str, str | None]]:
+    """Each worker's device and the ``CUDA_VISIBLE_DEVICES`` it starts with (None: this process's).
+
+    With ``cuda`` (no index) and several GPUs, the workers take one GPU each in turn: a worker sees only
+    its own, as ``cuda:0``, so nothing it allocates lands on another worker's GPU. Otherwise every
+    worker shares the device, timing one at a time (the device lock, keyed by the GPU's UUID).
+    """
     if device.strip().lower() == "cuda":
         import torch
 
         count = torch.cuda.device_count()
         if count > 1:
-            return [f"cuda:{k % count}" for k in range(workers)]
-    return [device] * workers
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            ids = [v.strip() for v in visible.split(",")][:count] if visible else [str(k) for k in range(count)]
+            return [("cuda:0", ids[k % count]) for k in range(workers)]
+    return [(device, None)] * workers
 
 
 def run_workers(spec: SearchSpec, *, db_url: str, workers: int, reporter: Reporter) -> SearchResult:
@@ -74,9 +80,11 @@ def run_workers(spec: SearchSpec, *, db_url: str, workers: int, reporter: Report
     )
     with tempfile.TemporaryDirectory(prefix="pareto-workers-") as folder:
         procs = []
-        for k, (share, device) in enumerate(zip(shares(spec.search.n_trials, workers), devices, strict=True)):
+        for k, (share, (device, visible)) in enumerate(
+            zip(shares(spec.search.n_trials, workers), devices, strict=True)
+        ):
             if share:
-                procs.append(_start_worker(spec, k, share, device, db_url, Path(folder), reporter))
+                procs.append(_start_worker(setup.spec, k, share, (device, visible), db_url, Path(folder), reporter))
         reports = _wait(procs)
     run = start_run(setup.bench, kind="search", study_id=setup.study_id)
     interrupted = any(r.get("interrupted") for r in reports) or any(r.get("exit_code") == 130 for r in reports)
@@ -108,16 +116,25 @@ class _Worker:
 
 
 def _start_worker(
-    spec: SearchSpec, number: int, share: int, device: str, db_url: str, folder: Path, reporter: Reporter
+    spec: SearchSpec,
+    number: int,
+    share: int,
+    placement: tuple[str, str | None],
+    db_url: str,
+    folder: Path,
+    reporter: Reporter,
 ) -> _Worker:
     """One ``pareto search`` process with its share of the trials; it confirms nothing (we do, after)."""
     # each worker its own seed: the same seed would make every worker propose the same configurations
     seed = spec.search.seed + number if spec.search.seed is not None else None
     search = spec.search.model_copy(update={"n_trials": share, "confirm_top": 0, "seed": seed})
+    device, visible = placement
     child = spec.model_copy(update={"search": search, "measure": spec.measure.model_copy(update={"device": device})})
     path = folder / f"worker-{number}.json"
     path.write_text(json.dumps(child.model_dump(mode="json")))
     env = {**os.environ, "PARETO_WORKER": str(number)}
+    if visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible
     proc = subprocess.Popen(
         [sys.executable, "-m", "pareto", "search", "--spec-json", str(path), "--db", db_url, "--worker"],
         stdout=subprocess.PIPE,

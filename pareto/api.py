@@ -550,44 +550,38 @@ def _measure_settings(**values: Any) -> Any:
 def _measure_beside_baseline(
     task: Any, config: Any, settings: Any, p99_ms: float | None, db: str | None
 ) -> dict[str, Any]:
-    from pareto.assess import build, check_input_fits, complete, round_plan
+    from pareto._runs import open_bench, time_together
+    from pareto.assess import complete, preflight, round_plan
     from pareto.compress import Config, why_not_here
     from pareto.measure.environment import environment_key
-    from pareto.measure.latency import Timed, measure_interleaved
     from pareto.measure.memory import theoretical_bytes
 
-    bench = _read_only_bench(task, settings, db)
-    reason = why_not_here(config, task, bench["device"])
+    bench = open_bench(resolve_url(db), task, settings, read_only=True)
+    reason = why_not_here(config, bench.task, bench.device)
     if reason is not None:
         raise UsageError(f"{config.describe()} cannot run here: {reason}.")
-    check_input_fits(task)
+    preflight(bench.task, [config.batch_size], bench.device)
     base_config = Config(batch_size=config.batch_size)
-    model, _, compile_s = build(task, config, bench["device"])
-    base_model = model if config.is_baseline else build(task, base_config, bench["device"])[0]
-    items = [Timed(model, task.example_input(config.batch_size))]
-    if not config.is_baseline:
-        items.append(Timed(base_model, task.example_input(config.batch_size)))
-    timed = measure_interleaved(
-        items, device=bench["device"], plan=round_plan(settings, p99_ms), threads=bench["threads"], probe=bench["probe"]
-    )
+    timed = time_together(bench, [config, base_config], plan=round_plan(settings, p99_ms), probe=bench.probe())
     common = dict(
-        device=bench["device"],
-        threads=bench["threads"],
+        device=bench.device,
+        threads=bench.threads,
         measure=settings,
         slo_ms=p99_ms,
-        profile=bench["profile"],
-        baseline_theoretical_bytes=theoretical_bytes(task.model),
+        profile=bench.profile,
+        baseline_theoretical_bytes=theoretical_bytes(bench.task.model),
     )
-    result = complete(task, config, model, timed[0], **common)
-    baseline = result if config.is_baseline else complete(task, base_config, base_model, timed[1], **common)
+    (built, latency), (base, base_latency) = timed
+    result = complete(bench.task, config, built.model, latency, **common)
+    baseline = result if config.is_baseline else complete(bench.task, base_config, base.model, base_latency, **common)
     metrics = _with_speedups(result.metrics.to_dict(), baseline.metrics.to_dict(), p99_ms)
-    metrics["compile_s"] = compile_s
-    env = bench["fingerprint"]
+    metrics["compile_s"] = built.compile_s
+    env = bench.fingerprint
     return {
         "config": config.to_dict(),
         "metrics": metrics,
         "environment": {**env, "key": environment_key(env)},
-        "notes": result.notes + ([bench["note"]] if bench["note"] else []),
+        "notes": result.notes + ([bench.profile_note] if bench.profile_note else []),
     }
 
 
@@ -605,43 +599,6 @@ def _with_speedups(metrics: dict[str, Any], baseline: dict[str, Any], p99_ms: fl
         metrics["p99_verdict"] = p99_verdict(metrics, p99_ms)
         metrics["slo_p99_ms"] = p99_ms
     return metrics
-
-
-def _read_only_bench(task: Any, settings: Any, db: str | None) -> dict[str, Any]:
-    """Device, threads, environment, roofline profile and contention probe, reading the database
-    (calibrations, the probe's quiet time) when there is one and writing nothing."""
-    import torch
-
-    from pareto.errors import StoreError
-    from pareto.measure.environment import environment_key, fingerprint
-    from pareto.measure.latency import resolve_device
-    from pareto.measure.probe import ContentionProbe
-    from pareto.measure.roofline import resolve_profile
-
-    device = resolve_device(settings.device)
-    threads = settings.threads or torch.get_num_threads()
-    env = fingerprint(device, threads)
-    calibration, note, quiet = None, None, None
-    try:
-        engine = open_engine(resolve_url(db), create=False)
-        require_schema(engine)
-        with session_scope(engine) as session:
-            calibration, note = queries.host_calibration(session, env)
-            quiet = queries.probe_quiet_ms(session, environment_key(env))
-    except StoreError:
-        pass  # no database yet: no calibration, and the probe's quiet time is this run's own
-    profile, missing = resolve_profile(settings.hardware, fingerprint=env, calibration=calibration)
-    probe = None
-    if settings.contention_limit is not None:
-        probe = ContentionProbe(device, threads=threads, stored_quiet_ms=quiet, limit=settings.contention_limit)
-    return {
-        "device": device,
-        "threads": threads,
-        "fingerprint": env,
-        "profile": profile,
-        "probe": probe,
-        "note": note or (missing if settings.hardware in {"auto", "host"} else None),
-    }
 
 
 def remeasure(
@@ -692,10 +649,17 @@ def _remeasure(
     device: str | None,
 ) -> dict[str, Any]:
     """Time a stored trial (number, row id) and the baseline in interleaved rounds; store; compare."""
-    from pareto._runs import baseline_trial, finish_run, open_bench, start_run, store_measurement, stored_metrics
-    from pareto.assess import build, remeasured, round_plan
+    from pareto._runs import (
+        baseline_trial,
+        finish_run,
+        open_bench,
+        start_run,
+        store_measurement,
+        stored_metrics,
+        time_together,
+    )
+    from pareto.assess import remeasured, round_plan
     from pareto.compress import Config, why_not_here
-    from pareto.measure.latency import Timed, measure_interleaved
     from pareto.metrics import FIELD_NAMES, Metrics
 
     settings = _method_of(stored[0], device)
@@ -703,17 +667,17 @@ def _remeasure(
     here = [c for c in stored if c.environment["key"] == _key_of(bench.fingerprint)]
     before = (here or stored)[0]
     config = Config.from_dict(before.config)
-    why = why_not_here(config, task, bench.device)
+    why = why_not_here(config, bench.task, bench.device)
     if why is not None:
         raise UsageError(f"Trial {trial[0]} ({before.description}) cannot be measured here: {why}.")
     run = start_run(bench, kind="remeasure", study_id=study_id)
     (number, trial_id), base_id = trial, baseline_trial(bench, study_id, config.batch_size)
-    items = [Timed(build(task, config, bench.device)[0], task.example_input(config.batch_size))]
+    configs = [config]
     if base_id is not None and base_id != trial_id:
-        items.append(Timed(build(task, Config(batch_size=config.batch_size), bench.device)[0], items[0].inputs))
-    latencies = measure_interleaved(
-        items, device=bench.device, plan=round_plan(settings, None), threads=bench.threads, probe=run.probe
-    )
+        configs.append(Config(batch_size=config.batch_size))
+    latencies = [
+        latency for _, latency in time_together(bench, configs, plan=round_plan(settings, None), probe=run.probe)
+    ]
     now = remeasured(Metrics(**{k: before.metrics[k] for k in FIELD_NAMES}), latencies[0])
     store_measurement(bench, run, trial_id, now, kind="remeasure")
     base_now, notes = now, []
@@ -843,9 +807,9 @@ def calibrate(
     Returns:
         The profile as a dict (with ``ridge_flop_per_byte`` per dtype) and the environment key.
     """
+    from pareto.devices import resolve_device
     from pareto.measure.calibrate import calibrate as run
     from pareto.measure.environment import fingerprint
-    from pareto.measure.latency import resolve_device
     from pareto.store.engine import upgrade
     from pareto.store.models import HardwareCalibration
 
@@ -880,7 +844,7 @@ def hardware() -> list[dict[str, Any]]:
 def techniques(*, device: str = "auto", task: str | None = None) -> list[dict[str, Any]]:
     """Every technique with ``name``, ``family``, ``available`` and ``reason`` on ``device`` (for ``task``)."""
     from pareto.compress.base import describe_techniques
-    from pareto.measure.latency import resolve_device
+    from pareto.devices import resolve_device
     from pareto.task import load_task
 
     return describe_techniques(resolve_device(device), load_task(task) if task else None)
@@ -901,9 +865,9 @@ def roofline(
     """
     import torch
 
+    from pareto.devices import on_device, resolve_device
     from pareto.measure.compute import compute_dtype, layer_costs
     from pareto.measure.environment import fingerprint
-    from pareto.measure.latency import resolve_device
     from pareto.measure.roofline import layer_types
     from pareto.task import load_task
 
@@ -913,8 +877,8 @@ def roofline(
     profile = _profile_for(hardware, db, env)
     if profile is None:
         raise UsageError("No hardware profile: pass --hardware NAME (see 'pareto hardware') or run 'pareto calibrate'.")
-    loaded = load_task(task)
-    model = loaded.model.to(resolved).eval()
+    loaded = on_device(load_task(task), resolved)  # the user's model stays where it is; the view's copy is here
+    model = loaded.model
     dtype = compute_dtype(model)
     if dtype not in profile.peak_flops:
         raise UsageError(f"Profile {profile.name!r} has no {dtype} peak; pick another with --hardware.")

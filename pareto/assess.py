@@ -5,11 +5,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pareto.compress import Config, apply
-from pareto.errors import MachineBusy, TechniqueError, UsageError
+from pareto.errors import BaselineFailed, MachineBusy, TechniqueError, UsageError, exception_line
 from pareto.metrics import METHOD_SEPARATOR, Metrics
 
 if TYPE_CHECKING:
@@ -58,23 +60,36 @@ class Rejected(Exception):
         }
 
 
-def check_input_fits(task: Task) -> None:
-    """Fail before any search when the task's example_input does not fit its own model.
+def preflight(task: Task, batch_sizes: list[int], device: str) -> None:
+    """Before any trial: build the uncompressed model on ``device``, run it on the example input at every
+    batch size, evaluate it once and count its FLOPs once, exactly as a trial will.
 
     Raises:
-        UsageError: the model raises on ``example_input(1)``.
+        BaselineFailed: any of it fails (the sentence names the step and the reason).
     """
     import torch
 
-    inputs = task.example_input(1)
-    args = inputs if isinstance(inputs, (tuple, list)) else (inputs,)
+    from pareto.devices import as_args, on_device
+    from pareto.measure.compute import compute_cost
+
+    view = on_device(task, device)
+    step = f"building it on {device}"
     try:
-        with torch.inference_mode():
-            task.model.eval()(*args)
-    except Exception as exc:  # the user's example_input and model disagree: say so before measuring
-        raise UsageError(
-            f"Task {task.name!r}: the model does not accept example_input(1): {type(exc).__name__}: {exc}"
+        model, _, _ = build(view, Config(batch_size=batch_sizes[0]), device)
+        for batch_size in batch_sizes:
+            step = f"running it on example_input({batch_size}) on {device}"
+            with torch.inference_mode():
+                model(*as_args(view.example_input(batch_size)))
+        step = f"evaluating it on {device}"
+        accuracy = float(view.evaluate(model))
+        step = f"counting its FLOPs on {device}"
+        compute_cost(model, view.example_input(batch_sizes[0]))
+    except Exception as exc:  # the user's task, model and device meet here first: say which step broke
+        raise BaselineFailed(
+            f"Task {task.name!r}: the uncompressed model failed when {step}: {exception_line(exc)}"
         ) from exc
+    if not math.isfinite(accuracy):
+        raise BaselineFailed(f"Task {task.name!r}: the uncompressed model's evaluate returned {accuracy}.")
 
 
 def round_plan(measure: Measure, slo_ms: float | None, *, adaptive: bool | None = None) -> RoundPlan:
@@ -98,6 +113,45 @@ def build(task: Task, config: Config, device: str) -> tuple[nn.Module, float, fl
     model = apply(task.model, config, task, device=device)
     compile_s = getattr(model, "pareto_compile_s", None)
     return model, time.perf_counter() - t0 - (compile_s or 0.0), compile_s
+
+
+@contextmanager
+def device_memory(config: Config, device: str) -> Iterator[None]:
+    """Turn running out of device memory, however deep it was raised and wrapped, into one sentence
+    for the trial, and give the cached blocks back so the next trial starts with the device's memory.
+
+    Raises:
+        TechniqueError: the configuration ran out of memory on ``device``.
+    """
+    try:
+        yield
+    except Exception as exc:
+        oom = _out_of_memory(exc)
+        if oom is None:
+            raise
+        import gc
+
+        import torch
+
+        gc.collect()
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
+        raise TechniqueError(
+            f"{config.describe()} ran out of memory on {device} at batch {config.batch_size} "
+            f"({exception_line(oom)}); its memory was freed for the next trial"
+        ) from exc
+
+
+def _out_of_memory(exc: BaseException | None) -> BaseException | None:
+    """The out-of-memory error in ``exc``'s chain of causes, or None."""
+    import torch
+
+    seen = 0
+    while exc is not None and seen < 16:
+        if isinstance(exc, (torch.cuda.OutOfMemoryError, MemoryError)):
+            return exc
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
 
 
 def latency_fields(latency: LatencyResult, batch_size: int) -> dict[str, Any]:
@@ -169,18 +223,20 @@ def assess(
     """
     from pareto.measure.latency import measure_latency
 
-    model, compress_s, compile_s = build(task, config, device)
+    with device_memory(config, device):
+        model, compress_s, compile_s = build(task, config, device)
     t1 = time.perf_counter()
     plan = dataclasses.replace(round_plan(measure, slo_ms), reject_above_ms=reject_above_ms)
     try:
-        latency = measure_latency(
-            model,
-            task.example_input(config.batch_size),
-            device=device,
-            plan=plan,
-            threads=threads,
-            probe=probe,
-        )
+        with device_memory(config, device):
+            latency = measure_latency(
+                model,
+                task.example_input(config.batch_size),
+                device=device,
+                plan=plan,
+                threads=threads,
+                probe=probe,
+            )
     except UsageError:
         raise
     except Exception as exc:  # a compressed model that cannot run fails its trial, reason kept
@@ -188,18 +244,19 @@ def assess(
     latency_s = time.perf_counter() - t1
     if latency.rejected:
         raise Rejected(latency, compress_s, compile_s)
-    result = complete(
-        task,
-        config,
-        model,
-        latency,
-        device=device,
-        threads=threads,
-        measure=measure,
-        slo_ms=slo_ms,
-        profile=profile,
-        baseline_theoretical_bytes=baseline_theoretical_bytes,
-    )
+    with device_memory(config, device):
+        result = complete(
+            task,
+            config,
+            model,
+            latency,
+            device=device,
+            threads=threads,
+            measure=measure,
+            slo_ms=slo_ms,
+            profile=profile,
+            baseline_theoretical_bytes=baseline_theoretical_bytes,
+        )
     result.compress_s, result.compile_s, result.latency_s = compress_s, compile_s, latency_s
     return result
 

@@ -24,6 +24,7 @@ from pareto._runs import (
     start_run,
     store_measurement,
     stored_metrics,
+    time_together,
 )
 from pareto.compress import Config, why_not_here
 from pareto.errors import MachineBusy, NoFeasibleConfiguration, UsageError
@@ -134,8 +135,7 @@ def confirm(
     The run is its own: confirmed speedups divide by the baseline timed in these same rounds. A
     configuration whose rounds the contention guard gave up on is reported as busy and not stored.
     """
-    from pareto.assess import build, round_plan
-    from pareto.measure.latency import Timed, measure_interleaved
+    from pareto.assess import round_plan
 
     with session_scope(bench.engine) as session:
         study = session.get(Study, study_id)
@@ -160,18 +160,14 @@ def confirm(
             raise UsageError(f"{what} cannot be measured here: {why}.")
     run = start_run(bench, kind="confirm", study_id=study_id)
     result.run, result.runs = run.run_id, [run.run_id]
-    items = []
-    for trial_id, _, _, config in entries:
-        model, _, _ = build(bench.task, config, bench.device)
-        items.append(Timed(model, bench.task.example_input(config.batch_size), label=str(trial_id)))
-    latencies = measure_interleaved(
-        items,
-        device=bench.device,
+    timed = time_together(
+        bench,
+        [config for _, _, _, config in entries],
         plan=round_plan(bench.measure, constraints.p99_ms),
-        threads=bench.threads,
         probe=run.probe,
         seed=seed,
     )
+    latencies = [latency for _, latency in timed]
     for (trial_id, pick, stored, config), latency in zip(entries, latencies, strict=True):
         result.items.append(_record(bench, run, trial_id, pick, stored, config, latency, constraints))
     result.guard = guard_summary(latencies)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 class ParetoError(Exception):
     """A failure the user can act on; the CLI prints the message and exits with ``exit_code``."""
@@ -25,6 +27,13 @@ class TaskError(UsageError):
 
 class TechniqueError(ParetoError):
     """A compression technique that broke on a model; the trial fails with this reason stored."""
+
+
+class BaselineFailed(ParetoError):
+    """The uncompressed model cannot be built, run, evaluated or measured on the device: a search has
+    nothing to compare its configurations against, so it stops (exit code 4)."""
+
+    exit_code = 4
 
 
 class StoreError(ParetoError):
@@ -57,3 +66,11 @@ class LockHeld(ParetoError):
     """
 
     exit_code = 75
+
+
+def exception_line(exc: BaseException) -> str:
+    """``"TypeName: the first line of its message"``, without terminal colours or a closing period:
+    how a failure inside user code, a library or a kernel is quoted in one sentence."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip()
+    first = text.splitlines()[0].strip().rstrip(".") if text else "no message"
+    return f"{type(exc).__name__}: {first}"

@@ -32,7 +32,7 @@ without torchao)                                  ``quantized::linear_dynamic`` 
 int8_dynamic          ``model.pt2``, tried first  torchao's weights are tensor subclasses torch.export traces;
 (torchao),                                        the load line imports torchao first. Not run in the tests
 int8_weight_only,                                 (torchao is not installed there); without torchao the
-int4_weight_only                                  export is refused with the technique's reason
+int4_weight_only, fp8                             export is refused with the technique's reason
 prune_2_4             ``model.pt2``, tried first  needs CUDA compute capability 8.0+ to be rebuilt at all;
                                                   elsewhere the export is refused with that reason. Not run
                                                   in the tests (no such GPU there)
@@ -40,6 +40,9 @@ compile               the eager module's          compiled kernels are made at r
 (and the compile      ``model.pt2`` (or .ts)      runs them: the manifest's load line wraps the loaded module
 backend)                                          in ``torch.compile(..., mode=...)`` with the measured mode
                                                   (the compile backend: mode "default")
+cuda_graphs           the eager module's          a CUDA graph is recorded on the GPU that replays it: the
+                      ``model.pt2``               manifest says the latency was measured with graphs, one
+                                                  per batch shape, recorded with ``torch.cuda.graph``
 int8_static           ``model.pt2``               the converted PT2E graph (int8 weights, quantize/dequantize
 (compile backend)                                 operators) as torch.export holds it; the load line imports
                                                   torchao (which registers those operators), sets Inductor's
@@ -74,7 +77,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pareto.errors import ParetoError, TechniqueError, UsageError
+from pareto.errors import ParetoError, TechniqueError, UsageError, exception_line
 
 if TYPE_CHECKING:
     from torch import nn
@@ -111,7 +114,12 @@ TECHNIQUE_NOTES: dict[str, str] = {
         "torchao backend: torchao's int8 operators (loading needs torchao)"
     ),
     "int8_weight_only": "torchao int8 weight tensors traced into torchao's operators; loading needs torchao",
+    "fp8": "torchao float8 weight tensors (per-row scales) in torchao's operators; loading needs torchao and CUDA",
     "compile": "not in the graph: the artifact holds the eager module; the load line calls torch.compile with the mode",
+    "cuda_graphs": (
+        "not in the graph: the artifact holds the eager module; CUDA graphs are recorded where the model is served "
+        "(torch.cuda.graph per batch shape, replayed per call, as measured)"
+    ),
     "int8_static": (
         "the PT2E graph: int8 weights with quantize/dequantize operators (loading imports the library that "
         "registers them: torchao, or torch.ao.quantization on older torch); the load line compiles it with "
@@ -296,13 +304,14 @@ def _export(selection: Selection, target: Path, staging: Path, fresh_process: bo
     import torch
 
     from pareto.compress import Config
+    from pareto.devices import device_here, on_device
     from pareto.measure.environment import environment_key, fingerprint
     from pareto.task import load_task
 
     candidate = selection.candidate
     config = Config.from_dict(candidate.config)
-    device = _device_here(str(candidate.environment["device"]))
-    task = load_task(selection.task)
+    device = device_here(str(candidate.environment["device"]))
+    task = on_device(load_task(selection.task), device)  # the check's inputs on the device the model is built on
     model = _build(selection, task, config, device)
     artifact = _serialize(selection, model, task, config.batch_size, device, staging)
     check, args, expected = _check(selection, config, task, model, artifact, device, staging, fresh_process)
@@ -346,6 +355,27 @@ def _export(selection: Selection, target: Path, staging: Path, fresh_process: bo
     )
 
 
+def _other_batch(
+    task: Task, model: nn.Module, artifact: Artifact, batch: int
+) -> tuple[tuple[Any, ...] | None, Any, str | None]:
+    """The arguments of another batch size, the compressed model's outputs on them, or why it fails there.
+
+    The eager module runs, so that a compiled one does not recompile for this shape, unless the artifact
+    is checked compiled (a PT2E graph, whose eager run is the float reference of its int8 kernels).
+    """
+    import torch
+
+    from pareto.devices import as_args
+
+    reference = model if artifact.inductor_freezing else getattr(model, "_orig_mod", model)
+    try:
+        args = as_args(task.example_input(batch))
+        with torch.inference_mode():
+            return args, reference(*args), None
+    except Exception as exc:  # the task or model takes one batch size only: the check says so
+        return None, None, f"the compressed model itself fails on it ({exception_line(exc)})"
+
+
 def _check(
     selection: Selection,
     config: Config,
@@ -366,21 +396,14 @@ def _check(
     """
     import torch
 
-    args = _arguments(task.example_input(config.batch_size), device)
+    from pareto.devices import as_args
+
+    args = as_args(task.example_input(config.batch_size))
     with torch.inference_mode():
         expected = _clone(model(*args))  # cloned: a CUDA-graph compiled model reuses its output buffers
     other_batch = 1 if config.batch_size != 1 else 2
-    batches, other_expected, other_error = [args], None, None
-    # the eager module, so that a compiled one does not recompile for this shape, unless the artifact is
-    # checked compiled (a PT2E graph, whose eager run is the float reference of its int8 kernels)
-    reference = model if artifact.inductor_freezing else getattr(model, "_orig_mod", model)
-    try:
-        other_args = _arguments(task.example_input(other_batch), device)
-        with torch.inference_mode():
-            other_expected = reference(*other_args)
-        batches.append(other_args)
-    except Exception as exc:  # the task or model takes one batch size only: the check says so
-        other_error = f"the compressed model itself fails on it ({_reason(exc)})"
+    other_args, other_expected, other_error = _other_batch(task, model, artifact, other_batch)
+    batches = [args] if other_args is None else [args, other_args]
     loaded = _run_fresh(artifact, staging, batches) if fresh_process else _run_here(artifact, staging, batches)
     where = (
         f"in a fresh Python process that imported torch {loaded['torch']} and no pareto module"
@@ -484,16 +507,6 @@ def _install(staging: Path, target: Path, names: list[str]) -> None:
 # --- rebuilding the measured model ------------------------------------------------------------------
 
 
-def _device_here(measured: str) -> str:
-    """The measured device when this machine has it, else the CPU (the manifest then says the device differs)."""
-    import torch
-
-    if measured.startswith("cuda") and torch.cuda.is_available():
-        index = torch.device(measured).index or 0
-        return f"cuda:{index}" if index < torch.cuda.device_count() else "cuda:0"
-    return "cpu"
-
-
 def _build(selection: Selection, task: Task, config: Config, device: str) -> nn.Module:
     """The compressed model, built as the measurement built it (``pareto.assess.build``'s call)."""
     from pareto.compress import apply, why_not_here
@@ -511,14 +524,6 @@ def _build(selection: Selection, task: Task, config: Config, device: str) -> nn.
             f"Trial {selection.trial} ({selection.candidate.description}) cannot be rebuilt on {device} here, "
             f"so nothing was exported: {reason}."
         ) from exc
-
-
-def _arguments(inputs: Any, device: str) -> tuple[Any, ...]:
-    """The model's positional arguments from ``example_input``'s value, moved to ``device``."""
-    import torch
-
-    items = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
-    return tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in items)
 
 
 # --- serialization ----------------------------------------------------------------------------------
@@ -546,6 +551,8 @@ def _serialize(
     Raises:
         ParetoError: neither format can hold the model.
     """
+    from pareto.devices import as_args
+
     onnx_bytes = getattr(model, "onnx_bytes", None)  # served by ONNX Runtime: its graph is the artifact
     if isinstance(onnx_bytes, bytes):
         (folder / ARTIFACT_NAMES[ONNX]).write_bytes(onnx_bytes)
@@ -553,12 +560,12 @@ def _serialize(
     eager = getattr(model, "_orig_mod", model)  # torch.compile's wrapper: the compile is a run-time step
     requires = _requires(eager)
     if _has_torch_ao_quantized(eager):
-        return _torchscript(eager, _arguments(task.example_input(batch_size), device), folder, requires, _INT8_EAGER)
+        return _torchscript(eager, as_args(task.example_input(batch_size)), folder, requires, _INT8_EAGER)
     freezing = bool(getattr(eager, "pareto_inductor_freezing", False))  # a PT2E graph, compiled as measured
     try:
         artifact = _torch_export(eager, task, batch_size, device, folder, requires)
     except Exception as exc:  # a model torch.export cannot trace; TorchScript may still hold it
-        export_error = _reason(exc)
+        export_error = exception_line(exc)
         if freezing:  # TorchScript would not be served as measured
             raise ParetoError(
                 f"Trial {selection.trial} ({selection.candidate.description}) cannot be serialized: torch.export "
@@ -568,11 +575,11 @@ def _serialize(
         return dataclasses.replace(artifact, inductor_freezing=freezing)
     why = f"torch.export failed on this model ({export_error}), so the artifact is TorchScript"
     try:
-        return _torchscript(eager, _arguments(task.example_input(batch_size), device), folder, requires, why)
+        return _torchscript(eager, as_args(task.example_input(batch_size)), folder, requires, why)
     except Exception as exc:  # neither format holds it: refuse, with both reasons
         raise ParetoError(
             f"Trial {selection.trial} ({selection.candidate.description}) cannot be serialized: torch.export failed "
-            f"({export_error}) and torch.jit.trace failed ({_reason(exc)})."
+            f"({export_error}) and torch.jit.trace failed ({exception_line(exc)})."
         ) from exc
 
 
@@ -582,12 +589,14 @@ def _torch_export(
     """Export with a dynamic batch dimension where torch.export allows it, else at the measured batch size."""
     import torch
 
+    from pareto.devices import as_args
+
     # a batch of 1 would be specialized to a constant: trace a dynamic batch on at least 2
     traced_batch = max(batch_size, 2)
     name = ARTIFACT_NAMES[TORCH_EXPORT]
     with _quiet():
         try:
-            example = _arguments(task.example_input(traced_batch), device)
+            example = as_args(task.example_input(traced_batch))
             shapes = torch.export.ShapesCollection()
             batch = torch.export.Dim("batch")
             for x in example:
@@ -596,7 +605,7 @@ def _torch_export(
             program = torch.export.export(model, example, dynamic_shapes=shapes.dynamic_shapes(model, example))
             dynamic = bool(program.range_constraints)
         except Exception:  # the model (or its inputs) fix the batch somewhere: export at the measured one
-            program = torch.export.export(model, _arguments(task.example_input(batch_size), device))
+            program = torch.export.export(model, as_args(task.example_input(batch_size)))
             dynamic = False
         torch.export.save(program, folder / name)
     return Artifact(TORCH_EXPORT, name, requires, _WHY[TORCH_EXPORT], dynamic)
@@ -631,11 +640,6 @@ def _requires(model: nn.Module) -> list[str]:
     named = list(getattr(model, "pareto_requires", ()))
     subclasses = ["torchao"] if any(type(t).__module__.startswith("torchao") for t in tensors) else []
     return list(dict.fromkeys([*named, *subclasses]))
-
-
-def _reason(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else "no message"
-    return f"{type(exc).__name__}: {text.rstrip('.')}"
 
 
 # --- the reload check -------------------------------------------------------------------------------
@@ -755,7 +759,7 @@ def _run_here(artifact: Artifact, folder: Path, batches: list[tuple[Any, ...]]) 
             errors.append(None)
         except Exception as exc:  # reported as the child process reports it
             outputs.append(None)
-            errors.append(_reason(exc))
+            errors.append(exception_line(exc))
     return {"outputs": outputs, "errors": errors, "pareto_imported": None, "torch": torch.__version__}
 
 

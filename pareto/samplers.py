@@ -28,6 +28,7 @@ from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
 
 from pareto.compress import Config, Technique, get_technique, registry
+from pareto.compress.base import conflict
 from pareto.naming import Backend, SamplerName
 from pareto.spec import Range, Search
 
@@ -103,13 +104,18 @@ def suggest(
     chosen: list[Technique] = []
     for name, space in techniques.items():
         runs_here = backend in registry()[name].backends
-        if not (runs_here or flat):  # flat: drawn all the same (and ignored), so every trial has every parameter
+        # one that cannot share a configuration with a technique already on is not drawn (conditional:
+        # its switch exists only when it could be on), or drawn and ignored (flat)
+        fits = conflict([t.name for t in chosen] + [name]) is None
+        if not (
+            (runs_here and fits) or flat
+        ):  # flat: drawn all the same (and ignored): every trial has every parameter
             continue
         on = trial.suggest_categorical(name, [False, True])
         if not (on or flat):
             continue
         params = {pname: _suggest_param(trial, f"{name}.{pname}", pspace) for pname, pspace in space.items()}
-        if on and runs_here:
+        if on and runs_here and fits:
             chosen.append(get_technique(name, params))
     return Config(techniques=tuple(chosen), batch_size=batch_size, backend=backend)
 
@@ -156,6 +162,8 @@ def grid(
             per_technique.append(options)
         for batch_size in batch_sizes:
             for parts in itertools.product(*per_technique):
+                if conflict([name for part in parts for name, on in part.items() if on is True]) is not None:
+                    continue  # two techniques that cannot share a configuration
                 params: dict[str, Any] = {"batch_size": batch_size}
                 if tuple(backends) != ("eager",):
                     params["backend"] = backend
@@ -168,7 +176,13 @@ def grid(
 def space_size(
     batch_sizes: Sequence[int], techniques: Techniques, backends: Sequence[Backend] = ("eager",)
 ) -> int | None:
-    """How many distinct configurations the space holds; None when a range has no step (unbounded)."""
+    """How many distinct configurations the space holds; None when a range has no step (unbounded).
+    Combinations of techniques that cannot share a configuration are not counted."""
+    if _has_conflicts(techniques):
+        bounded = all(
+            s.step is not None for space in techniques.values() for s in space.values() if isinstance(s, Range)
+        )
+        return len(grid(batch_sizes, techniques, backends=backends)) if bounded else None
     overall = 0
     for backend in backends:
         total = len(batch_sizes)
@@ -184,6 +198,11 @@ def space_size(
             total *= 1 + combos
         overall += total
     return overall
+
+
+def _has_conflicts(techniques: Techniques) -> bool:
+    names = list(techniques)
+    return any(conflict([a, b]) is not None for i, a in enumerate(names) for b in names[i + 1 :])
 
 
 def _runs_on(techniques: Techniques, backend: Backend) -> Techniques:

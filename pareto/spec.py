@@ -272,6 +272,27 @@ DEFAULT_SPACE: dict[str, Any] = {
 }
 
 
+#: The search space on a CUDA device when the spec names no techniques: what pays on a GPU. A small
+#: model there is launch-bound, so CUDA graphs (eager, or Inductor's in reduce-overhead mode) come
+#: first; precision (bf16, fp16, fp8), int4 and int8 weights, 2:4 sparsity (cuSPARSELt on Hopper) and
+#: structured pruning at tensor-core widths pay once the model computes. Techniques that cannot share
+#: a configuration (two weight quantizations, two casts) are never drawn together.
+DEFAULT_CUDA_SPACE: dict[str, Any] = {
+    "batch_size": None,
+    "techniques": {
+        "cuda_graphs": {},
+        "compile": {"mode": ["default", "reduce-overhead"]},
+        "bf16": {},
+        "fp16": {},
+        "fp8": {},
+        "int4_weight_only": {"group_size": [64, 128]},
+        "int8_weight_only": {},
+        "prune_2_4": {},
+        "prune_structured": {"ratio": {"low": 0.2, "high": 0.8}},
+    },
+}
+
+
 def load_spec(path: str | os.PathLike[str] | None = None, overrides: dict[str, Any] | None = None) -> SearchSpec:
     """Read a YAML spec (or the built-in default) and apply CLI overrides on top.
 

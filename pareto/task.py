@@ -11,6 +11,14 @@ Example::
                     train_data=None)
 
 Load it with ``pareto search --task package.module:make_task``.
+
+Where tensors live: write the task for the CPU (or for wherever your data is); pareto measures on
+the device you ask for (``--device cuda``) and keeps one rule. The model is copied and put on the
+device by pareto; ``example_input`` and ``train_data`` are moved there before any model sees them;
+``evaluate`` receives a model that moves the inputs your code passes (tensors, and tuples, lists and
+dicts of them) to its device and moves its outputs back to where those inputs were, so the metric is
+computed where your data is. Latency is timed on inputs already on the device: no host-device copy
+is in a timed call. Your task object and your model are never changed.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pareto.errors import TaskError
+from pareto.errors import TaskError, exception_line
 
 if TYPE_CHECKING:
     from torch import nn
@@ -59,10 +67,13 @@ class Task:
 
     Args:
         name: Short name stored with every trial.
-        model: The uncompressed ``torch.nn.Module``; pareto never modifies it in place.
-        example_input: ``batch_size -> input`` (a tensor or a tuple of tensors) used for timing.
-        evaluate: ``model -> float``, higher is better (accuracy, F1, fidelity...).
-        train_data: Optional iterable of ``(inputs, targets)`` for distillation or recovery fine-tuning.
+        model: The uncompressed ``torch.nn.Module``; pareto never modifies it in place (nor moves it).
+        example_input: ``batch_size -> input`` (a tensor or a tuple of tensors) used for timing; pareto
+            moves it to the measured device.
+        evaluate: ``model -> float``, higher is better (accuracy, F1, fidelity...); the model it gets
+            takes your inputs wherever they are and gives its outputs back there.
+        train_data: Optional iterable of ``(inputs, targets)`` for distillation or recovery fine-tuning;
+            pareto moves each batch to the measured device.
         batch_size: The batch size the task is served at when the search space does not say.
         attention: For transformer tasks, the shape behind the KV cache; None otherwise.
     """
@@ -93,7 +104,7 @@ def load_task(ref: str) -> Task:
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # any import-time failure of user code is reported, not raised
-        raise TaskError(f"Task module {module_name!r} could not be imported: {_reason(exc)}.") from exc
+        raise TaskError(f"Task module {module_name!r} could not be imported: {exception_line(exc)}.") from exc
     factory = getattr(module, attr, None)
     if factory is None or not callable(factory):
         raise TaskError(f"Module {module_name!r} has no callable {attr!r} to build the task.")
@@ -102,14 +113,9 @@ def load_task(ref: str) -> Task:
     except TaskError:
         raise  # already one sentence for the user (a built-in task's missing extra, say)
     except Exception as exc:  # the factory is user code; its failure is a task error
-        raise TaskError(f"Task factory {target!r} failed: {_reason(exc)}.") from exc
+        raise TaskError(f"Task factory {target!r} failed: {exception_line(exc)}.") from exc
     if not isinstance(task, Task):
         raise TaskError(f"Task factory {target!r} returned {type(task).__name__}, not pareto.Task.")
     if task.batch_size < 1:
         raise TaskError(f"Task {task.name!r} has batch_size {task.batch_size}; it must be at least 1.")
     return task
-
-
-def _reason(exc: BaseException) -> str:
-    text = str(exc).strip().rstrip(".") or "no message"
-    return f"{type(exc).__name__}: {text}"

@@ -377,7 +377,17 @@ def test_describe_techniques_lists_every_technique_with_its_availability() -> No
     families = [CANONICAL_ORDER.index(t["family"]) for t in listing]
     assert families == sorted(families)
     for entry in listing:
-        assert set(entry) == {"name", "family", "summary", "parameters", "available", "reason", "backend", "backends"}
+        assert set(entry) == {
+            "name",
+            "family",
+            "summary",
+            "parameters",
+            "available",
+            "reason",
+            "backend",
+            "backends",
+            "judged_with",
+        }
         assert entry["summary"] and "\n" not in entry["summary"]
         assert entry["available"] is (entry["reason"] is None)
     by_name = {t["name"]: t for t in listing}

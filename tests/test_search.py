@@ -9,7 +9,7 @@ from sqlalchemy import select
 import pareto
 from pareto import _search as search_module
 from pareto._search import run_search
-from pareto.errors import NoFeasibleConfiguration, UsageError
+from pareto.errors import BaselineFailed, NoFeasibleConfiguration, TechniqueError, UsageError
 from pareto.spec import SearchSpec
 from pareto.store.engine import open_engine, session_scope
 from pareto.store.models import Measurement, Trial
@@ -174,13 +174,45 @@ def test_unknown_study_and_bad_task(db_url: str) -> None:
         ("tests.nosuch_module:make", "could not be imported"),
         ("tests.tiny_task:nosuch", "has no callable 'nosuch'"),
         ("tests.tiny_task:make_broken_task", "failed: RuntimeError: weights file missing"),
-        ("tests.tiny_task:make_mismatched_task", "does not accept example_input"),
     ],
 )
 def test_task_errors_are_one_sentence(tmp_path, task: str, phrase: str) -> None:
     with pytest.raises(UsageError, match=phrase) as info:
         run_search(spec(task=task), db_url=f"sqlite:///{tmp_path}/p.db")
     assert "\n" not in str(info.value)
+
+
+def test_a_baseline_that_fails_stops_the_search_with_one_trial_stored(db_url: str) -> None:
+    with pytest.raises(BaselineFailed, match=r"failed when running it on example_input\(8\) on cpu") as info:
+        run_search(spec(task="tests.tiny_task:make_mismatched_task"), db_url=db_url)
+    assert "\n" not in str(info.value) and info.value.exit_code == 4
+    with session_scope(open_engine(db_url)) as session:
+        rows = session.scalars(select(Trial)).all()
+    assert [(t.state, t.is_baseline) for t in rows] == [("FAILED", True)]
+    assert "mat1 and mat2 shapes cannot be multiplied" in (rows[0].error or "")
+    study = optuna.load_study(study_name="tiny", storage=db_url)
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.FAIL]
+    # run again: the same sentence, one more failed trial, and still nothing measured
+    with pytest.raises(BaselineFailed):
+        run_search(spec(task="tests.tiny_task:make_mismatched_task"), db_url=db_url)
+    with session_scope(open_engine(db_url)) as session:
+        assert [t.state for t in session.scalars(select(Trial)).all()] == ["FAILED", "FAILED"]
+
+
+def test_a_baseline_trial_that_fails_in_the_loop_stops_the_search(db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = search_module.assess
+
+    def failing(task, config, **kwargs):  # the pre-flight passed; the baseline's own trial breaks
+        if config.is_baseline:
+            raise TechniqueError("baseline @ batch 8 could not be measured: RuntimeError: CUDA error")
+        return real(task, config, **kwargs)
+
+    monkeypatch.setattr(search_module, "assess", failing)
+    with pytest.raises(BaselineFailed, match="the uncompressed model .* failed: .*CUDA error; the search stops"):
+        run_search(spec(search={"n_trials": 5, "seed": 1}), db_url=db_url)
+    with session_scope(open_engine(db_url)) as session:
+        states = [(t.state, t.is_baseline) for t in session.scalars(select(Trial)).all()]
+    assert states == [("FAILED", True)]  # stopped there: not proposed again, nothing else tried
 
 
 def test_speedups_divide_by_the_baseline_timed_in_the_same_run(db_url: str) -> None:

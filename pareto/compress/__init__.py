@@ -6,6 +6,7 @@ from pareto.compress import (  # noqa: F401  (register the techniques)
     compile,
     distill,
     finetune,
+    graphs,
     lowrank,
     onnxrt,
     prune,

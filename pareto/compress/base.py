@@ -51,6 +51,9 @@ class Technique(BaseModel):
     backends: ClassVar[tuple[Backend, ...]] = BACKENDS
     #: Applied to the served graph after the backend's conversion (ORT's quantizer), not to the PyTorch module.
     on_graph: ClassVar[bool] = False
+    #: Techniques that cannot share a configuration with this one (either side naming the other is
+    #: enough): two weight quantizations, two casts, 2:4 weights that torchao cannot quantize.
+    excludes: ClassVar[frozenset[str]] = frozenset()
 
     def available(self, device: str, task: Task | None = None) -> str | None:
         """Return why this technique cannot run on ``device`` ("cpu", "cuda:0") for ``task``, or None if it can.
@@ -78,6 +81,16 @@ class Technique(BaseModel):
 def canonical_key(technique: Technique | type[Technique]) -> tuple[int, int, str]:
     """Sort key giving the order in which the pipeline applies techniques."""
     return (CANONICAL_ORDER.index(technique.family), technique.order_in_family, technique.name)
+
+
+def conflict(names: list[str]) -> tuple[str, str] | None:
+    """The first pair of ``names`` that cannot share a configuration (``Technique.excludes``), or None."""
+    techniques = registry()
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            if b in techniques[a].excludes or a in techniques[b].excludes:
+                return a, b
+    return None
 
 
 def register(cls: type[Technique]) -> type[Technique]:
@@ -120,23 +133,28 @@ def get_technique(name: str, params: dict[str, Any] | None = None) -> Technique:
 def describe_techniques(device: str, task: Task | None = None) -> list[dict[str, Any]]:
     """Every registered technique with its parameters and whether it can run on ``device`` for ``task``.
 
-    Each entry is ``{"name", "family", "summary", "parameters", "available", "reason", "backend", "backends"}``;
+    Each entry is ``{"name", "family", "summary", "parameters", "available", "reason", "backend", "backends",
+    "judged_with"}``;
     ``parameters`` maps each parameter to a short type/range text, ``backend`` names the library
     whose kernels would run (None where the technique does not say or cannot run), ``backends`` the
-    serving backends a configuration with it can use. Entries come in canonical
+    serving backends a configuration with it can use, ``judged_with`` the parameters availability was
+    judged with. Entries come in canonical
     family order, then by name. Availability is judged on the technique built from its defaults
-    and ``example`` values.
+    and ``example`` values; on a CUDA device it also needs a probe through the technique's kernels
+    to have run there (``pareto.compress.kernels``).
 
     Example::
 
         >>> [t["name"] for t in describe_techniques("cpu") if t["family"] == "lowrank"]
         ['lowrank']
     """
+    from pareto.compress.kernels import kernel_reason
+
     techniques = sorted(registry().values(), key=canonical_key)
     listing = []
     for cls in techniques:
         technique = cls(**cls.example)
-        reason = technique.available(device, task)
+        reason = technique.available(device, task) or kernel_reason(technique, device)
         listing.append(
             {
                 "name": cls.name,
@@ -147,6 +165,7 @@ def describe_techniques(device: str, task: Task | None = None) -> list[dict[str,
                 "reason": reason,
                 "backend": technique.backend(device) if reason is None else None,
                 "backends": list(cls.backends),
+                "judged_with": technique.params(),
             }
         )
     return listing
@@ -164,14 +183,22 @@ def cuda_capability(device: str) -> tuple[int, int] | None:
     return torch.cuda.get_device_capability(torch.cuda.current_device() if index is None else index)
 
 
-def model_device(model: nn.Module) -> torch.device:
-    """The device of ``model``'s first parameter (or buffer); the CPU for a model with neither."""
+#: On CUDA, widths that structured pruning and low-rank leave are multiples of this: tensor-core
+#: kernels tile matrices in multiples of 8 (fp16/bf16), and a width off the tile falls back to slower
+#: kernels or padding (Torch-Pruning's ``round_to`` serves the same purpose).
+CUDA_WIDTH_MULTIPLE = 8
+
+
+def width_multiple(device: torch.device | str) -> int:
+    """The multiple a pruned or factored width is rounded to on ``device``: 8 on CUDA, 1 elsewhere."""
     import torch
 
-    first: torch.Tensor | None = next(iter(model.parameters()), None)
-    if first is None:
-        first = next(iter(model.buffers()), None)
-    return first.device if first is not None else torch.device("cpu")
+    return CUDA_WIDTH_MULTIPLE if torch.device(device).type == "cuda" else 1
+
+
+def round_up(units: int, multiple: int) -> int:
+    """``units`` rounded up to a multiple of ``multiple``."""
+    return -(-units // multiple) * multiple
 
 
 def _field_text(field: FieldInfo) -> str:

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 import torch
 from torch import nn
 
-from pareto.compress.base import Backend, Family, Technique, model_device, register
+from pareto.compress.base import Backend, Family, Technique, register
+from pareto.devices import as_args, model_device
 from pareto.errors import TechniqueError
 
 if TYPE_CHECKING:
@@ -83,12 +84,12 @@ class Compile(Technique):
         reason = self.available(str(device))
         if reason is not None:
             raise TechniqueError(f"{self.describe()}: {reason}")
-        inputs = task.example_input(task.batch_size)
-        items = inputs if isinstance(inputs, (tuple, list)) else (inputs,)
-        args = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in items)
+        args = as_args(task.example_input(task.batch_size))  # the bench's view: on the model's device already
         reset_compiler()
         if getattr(model, "pareto_inductor_freezing", False):  # a PT2E-quantized graph (int8_static)
             compiled: nn.Module = FrozenCompiled(model.eval(), self.mode)
+        elif device.type == "cuda" and self.mode in CUDAGRAPH_MODES:
+            compiled = StepMarked(model.eval(), self.mode)
         else:
             compiled = cast("nn.Module", torch.compile(model.eval(), mode=self.mode))
         with torch.inference_mode():
@@ -98,7 +99,42 @@ class Compile(Technique):
                 torch.cuda.synchronize(device)
             elapsed = time.perf_counter() - start
         setattr(compiled, "pareto_compile_s", elapsed)  # noqa: B010  (read back by pareto.assess.build)
+        setattr(compiled, "pareto_compile_mode", self.mode)  # noqa: B010  (read by cuda_graphs)
         return compiled
+
+
+#: torch.compile's modes that record CUDA graphs on a GPU (cudagraph trees).
+CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
+class StepMarked(nn.Module):
+    """``torch.compile`` in a mode that records CUDA graphs, served one request at a time.
+
+    Every call starts a new step of the cudagraph trees (``torch.compiler.cudagraph_mark_step_begin``:
+    the previous call's outputs may be overwritten now) and returns a clone of the outputs, which the
+    next replay would overwrite: a caller may keep them, as a served model's caller does. Shapes are
+    static: a new batch size records a new graph.
+
+    Attributes:
+        _orig_mod: The module compiled (memory and FLOPs are read on it).
+    """
+
+    def __init__(self, model: nn.Module, mode: CompileMode) -> None:
+        super().__init__()
+        self._orig_mod = model
+        compiled = torch.compile(model, mode=mode, dynamic=False)
+        self._compiled: Callable[..., Any]
+        object.__setattr__(self, "_compiled", compiled)  # not a submodule: the weights are _orig_mod's
+        declared = getattr(model, "pareto_compute_dtype", None)
+        if declared is not None:
+            self.pareto_compute_dtype = declared
+
+    def forward(self, *args: Any) -> Any:
+        from torch.utils import _pytree
+
+        torch.compiler.cudagraph_mark_step_begin()
+        output = self._compiled(*args)
+        return _pytree.tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, output)
 
 
 #: Input signatures (shapes, dtypes, grad mode) one ``FrozenCompiled`` may compile a graph for.

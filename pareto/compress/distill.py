@@ -10,7 +10,7 @@ from pydantic import Field
 from torch import nn
 from torch.nn import functional as F
 
-from pareto.compress.base import Family, Technique, model_device, register
+from pareto.compress.base import Family, Technique, register
 from pareto.compress.finetune import (
     MAX_STEPS,
     check_trainable,
@@ -18,6 +18,7 @@ from pareto.compress.finetune import (
     seeded,
     train_batches,
 )
+from pareto.devices import model_device
 from pareto.errors import TechniqueError
 
 if TYPE_CHECKING:
@@ -100,8 +101,8 @@ class Distill(Technique):
             raise TechniqueError(f"{self.describe()}: {no_train_data_reason(self.name)}")
         check_trainable(self)
         device = model_device(model)
-        with seeded(device):
-            student = self._student(model).to(device)
+        with seeded(device), device:  # the student is made where the teacher is
+            student = self._student(model)
             self._train(model.eval(), student, task)
         return student.eval()
 
@@ -146,7 +147,7 @@ class Distill(Technique):
         t = self.temperature
         student.train()
         with torch.enable_grad():
-            for args, targets in train_batches(task.train_data, self.steps, device, self):
+            for args, targets in train_batches(task.train_data, self.steps, self):
                 with torch.no_grad():
                     soft = teacher(*args)
                 logits = student(*args)

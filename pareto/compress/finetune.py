@@ -14,8 +14,9 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from pareto.compress.base import Family, Technique, model_device, register
+from pareto.compress.base import Family, Technique, register
 from pareto.compress.prune import semi_structured_linears, to_dense_weights, to_semi_structured_weights
+from pareto.devices import as_args, model_device
 from pareto.errors import TechniqueError
 
 if TYPE_CHECKING:
@@ -40,13 +41,12 @@ def seeded(device: torch.device) -> Iterator[None]:
         yield
 
 
-def train_batches(
-    train_data: Iterable[Any], steps: int, device: torch.device, technique: Technique
-) -> Iterator[tuple[tuple[Any, ...], Any]]:
+def train_batches(train_data: Iterable[Any], steps: int, technique: Technique) -> Iterator[tuple[tuple[Any, ...], Any]]:
     """Yield ``steps`` ``(args, targets)`` pairs, passing over ``train_data`` again as often as needed.
 
-    Inputs may be a tensor or a tuple/list of them (the model is called as ``model(*args)``); tensors
-    are moved to ``device``. A one-shot iterator ends the run after its single pass.
+    Inputs may be a tensor or a tuple/list of them (the model is called as ``model(*args)``); they sit
+    on the model's device already (the bench's task view). A one-shot iterator ends the run after its
+    single pass.
 
     Raises:
         TechniqueError: ``train_data`` yields nothing, or an item is not an ``(inputs, targets)`` pair.
@@ -61,8 +61,7 @@ def train_batches(
                     f"got {type(item).__name__}."
                 )
             inputs, targets = item
-            args = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
-            yield tuple(_to(a, device) for a in args), _to(targets, device)
+            yield as_args(inputs), targets
             done += 1
             if done >= steps:
                 return
@@ -72,20 +71,14 @@ def train_batches(
             return  # an iterator that is spent after one pass
 
 
-def _to(value: Any, device: torch.device) -> Any:
-    return value.to(device) if isinstance(value, torch.Tensor) else value
-
-
-def _teacher_outputs(teacher: nn.Module, args: tuple[Any, ...], device: torch.device) -> torch.Tensor:
-    """The uncompressed model's outputs on ``args``, computed where it lives and brought to ``device``."""
-    where = model_device(teacher)
+def _teacher_outputs(teacher: nn.Module, args: tuple[Any, ...]) -> torch.Tensor:
+    """The uncompressed model's outputs on ``args`` (the bench's reference model, on the same device)."""
     was_training = teacher.training
     teacher.eval()
     try:
-        out = teacher(*(a.to(where) if isinstance(a, torch.Tensor) else a for a in args))
+        return teacher(*args)
     finally:
         teacher.train(was_training)
-    return out.to(device)
 
 
 def check_trainable(technique: Technique) -> None:
@@ -148,12 +141,12 @@ class FineTune(Technique):
         optimizer = torch.optim.Adam(params, lr=self.lr)
         with seeded(device), torch.enable_grad():
             model.train()
-            for args, targets in train_batches(task.train_data, self.steps, device, self):
+            for args, targets in train_batches(task.train_data, self.steps, self):
                 optimizer.zero_grad(set_to_none=True)
                 outputs = model(*args)
                 if targets is None:  # no labels: match the uncompressed model
                     with torch.no_grad():
-                        wanted = _teacher_outputs(teacher, args, device)
+                        wanted = _teacher_outputs(teacher, args)
                     loss = nn.functional.mse_loss(outputs.float(), wanted.float())
                 else:
                     loss = nn.functional.cross_entropy(outputs, targets)

@@ -10,7 +10,8 @@ from torch import nn
 from torch.nn.utils import skip_init
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from pareto.compress.base import Family, Technique, model_device, register
+from pareto.compress.base import Family, Technique, register, round_up, width_multiple
+from pareto.devices import as_args
 from pareto.errors import TechniqueError
 
 if TYPE_CHECKING:
@@ -100,13 +101,14 @@ class LowRank(Technique):
     def _factorize(self, linear: nn.Linear) -> nn.Sequential | None:
         """The factor pair replacing ``linear``, or None when it would not be smaller."""
         n_in, n_out = linear.in_features, linear.out_features
+        multiple = width_multiple(linear.weight.device)
         if self.rank_ratio is not None:
-            rank = max(1, round(self.rank_ratio * min(n_in, n_out)))
+            rank = round_up(max(1, round(self.rank_ratio * min(n_in, n_out))), multiple)
             if rank < self.min_rank or _not_smaller(rank, n_in, n_out):
                 return None  # decided before the SVD, which is the expensive part
         u, s, vh = torch.linalg.svd(linear.weight.float(), full_matrices=False)
         if self.energy is not None:
-            rank = _rank_for_energy(s, self.energy)
+            rank = round_up(_rank_for_energy(s, self.energy), multiple)
         if rank < self.min_rank or _not_smaller(rank, n_in, n_out):
             return None
         # split the singular values evenly so both factors have the same scale
@@ -147,14 +149,12 @@ def output_linears(model: nn.Module, task: Task) -> set[nn.Module]:
     if not linears:
         return set()
     handles = [m.register_forward_hook(hook) for m in linears]
-    device = model_device(model)
-    inputs = task.example_input(1)
-    args = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+    args = as_args(task.example_input(1))
     training = model.training
     model.eval()  # a model in train mode would update its batch-norm statistics
     try:
         with torch.inference_mode():
-            result = model(*(a.to(device) if isinstance(a, torch.Tensor) else a for a in args))
+            result = model(*args)
     except Exception as exc:  # the task's model or input is user code
         raise TechniqueError(f"finding the model's head: the model failed on example_input(1): {exc}") from exc
     finally:

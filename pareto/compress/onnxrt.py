@@ -28,8 +28,8 @@ from torch import nn
 
 from pareto.compress.base import Backend, Family, Technique, register
 from pareto.compress.tracing import calibration_inputs, first_line, quiet, trace_first
+from pareto.devices import as_args
 from pareto.errors import TechniqueError
-from pareto.measure.latency import as_args
 
 if TYPE_CHECKING:
     import onnx
@@ -189,7 +189,7 @@ def to_onnxruntime(model: nn.Module, task: Task) -> OrtModule:
     Raises:
         TechniqueError: ORT is missing, the model is not on the CPU, or it cannot be exported or loaded.
     """
-    from pareto.compress.base import model_device
+    from pareto.devices import model_device
 
     reason = device_reason(str(model_device(model)))
     if reason is not None:
@@ -207,7 +207,7 @@ def to_onnxruntime(model: nn.Module, task: Task) -> OrtModule:
 
 def _first_call(module: OrtModule, task: Task) -> None:
     """Open the session and run it once on the task's input, so that a graph ORT cannot run fails here."""
-    args = as_args(task.example_input(task.batch_size), None)
+    args = as_args(task.example_input(task.batch_size))
     try:
         with torch.inference_mode():
             module(*args)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from pareto.compress.base import Backend, Technique, canonical_key, get_technique
+from pareto.compress.base import Backend, Technique, canonical_key, conflict, get_technique
 from pareto.errors import TechniqueError
 from pareto.naming import describe_config
 
@@ -42,6 +42,13 @@ class Config(BaseModel):
         if len(set(names)) != len(names):
             raise ValueError(f"a technique appears twice in {names}")
         return tuple(sorted(value, key=canonical_key))
+
+    @model_validator(mode="after")
+    def _combinable(self) -> Config:
+        pair = conflict([t.name for t in self.techniques])
+        if pair is not None:
+            raise ValueError(f"{pair[0]} and {pair[1]} cannot share a configuration: use one of the two")
+        return self
 
     @model_validator(mode="after")
     def _served_where_it_runs(self) -> Config:
@@ -82,24 +89,27 @@ class Config(BaseModel):
 def apply(model: nn.Module, config: Config, task: Task, *, device: str | None = None) -> nn.Module:
     """Return a compressed copy of ``model``; the original is never modified.
 
-    Techniques see ``task`` with ``batch_size`` set to the configuration's (``compile`` warms up on it).
-    Then the model is put on the configuration's backend (compiled, or exported to ONNX Runtime),
-    and the techniques that work on the served graph (``on_graph``: ORT's quantizer) follow.
+    This is where a model moves: the copy is put on ``device`` before the first technique, and the
+    techniques see the task's view there (``pareto.devices.on_device``: example inputs, training
+    batches and the reference model on the device), with ``batch_size`` set to the configuration's
+    (``compile`` warms up on it). Then the model is put on the configuration's backend (compiled, or
+    exported to ONNX Runtime), and the techniques that work on the served graph (``on_graph``: ORT's
+    quantizer) follow.
 
     Args:
         model: The uncompressed model.
         config: The techniques, applied in canonical order, and the batch size.
         task: The task the model belongs to (``train_data`` for distillation and fine-tuning).
-        device: Where to put the copy before the first technique ("cpu", "cuda:0"); None leaves it
-            where ``model`` is. CUDA-only techniques (``prune_2_4``, ``int4_weight_only``) need it.
+        device: Where to build and serve the copy ("cpu", "cuda:0"); None leaves it where ``model`` is.
 
     Raises:
         TechniqueError: a technique broke on this model, or the backend cannot serve it (the reason is kept).
     """
-    compressed = copy.deepcopy(model).eval()
-    if device is not None:
-        compressed = compressed.to(device)
-    served = dataclasses.replace(task, batch_size=config.batch_size)
+    from pareto.devices import model_device, on_device
+
+    where = device if device is not None else str(model_device(model))
+    compressed = copy.deepcopy(model).eval().to(where)
+    served = dataclasses.replace(on_device(task, where), batch_size=config.batch_size)
     for technique in (t for t in config.techniques if not t.on_graph):
         compressed = _apply_one(technique, compressed, served)
         _route_around_fused_encoder_kernel(compressed)  # before the next technique (compile) sees it
@@ -119,12 +129,20 @@ def _apply_one(technique: Technique, model: nn.Module, task: Task) -> nn.Module:
         raise TechniqueError(f"{technique.describe()} failed on this model: {type(exc).__name__}: {exc}") from exc
 
 
+def technique_reason(technique: Technique, device: str, task: Task | None = None) -> str | None:
+    """Why ``technique`` cannot run on ``device`` for ``task``, or None: its own checks, then on a CUDA
+    device a probe through its real kernels (``pareto.compress.kernels``)."""
+    from pareto.compress.kernels import kernel_reason
+
+    return technique.available(device, task) or kernel_reason(technique, device)
+
+
 def backend_reason(backend: str, device: str) -> str | None:
     """Why configurations cannot be served on ``backend`` on ``device`` ("cpu", "cuda:0") here, or None."""
     if backend == "compile":
         from pareto.compress.compile import Compile
 
-        return Compile().available(device)
+        return technique_reason(Compile(), device)
     if backend == "onnxruntime":
         from pareto.compress.onnxrt import device_reason
 
@@ -138,7 +156,7 @@ def why_not_here(config: Config, task: Task | None, device: str) -> str | None:
     if why is not None:
         return f"the {config.backend} backend: {why.rstrip('.')}"
     for technique in config.techniques:
-        why = technique.available(device, task)
+        why = technique_reason(technique, device, task)
         if why is not None:
             return f"{technique.name}: {why.rstrip('.')}"
     return None

@@ -15,7 +15,8 @@ from torch import nn
 from torch.nn import functional as F
 from torch.nn.utils import prune as torch_prune
 
-from pareto.compress.base import Backend, Family, Technique, cuda_capability, model_device, register
+from pareto.compress.base import Backend, Family, Technique, cuda_capability, register, round_up, width_multiple
+from pareto.devices import as_args, model_device
 from pareto.errors import TechniqueError
 
 if TYPE_CHECKING:
@@ -127,9 +128,10 @@ class StructuredPrune(Technique):
             raise TechniqueError(f"{self.describe()}: {_NO_GROUP}")
         num_heads = {proj: site.heads for site in plan.heads for proj in site.projections}
         # each group's exact count (Torch-Pruning floors the kept count and skips a group it would empty)
-        ratios = {root: _exact_ratio(self.ratio, channels) for root, channels in plan.roots}
+        multiple = width_multiple(model_device(model))  # tensor cores' tile on CUDA
+        ratios = {root: _exact_ratio(self.ratio, channels, multiple=multiple) for root, channels in plan.roots}
         if self.width_ratio is not None:
-            ratios.update({root: _exact_ratio(self.width_ratio, channels) for root, channels in plan.width_roots})
+            ratios.update({root: _exact_ratio(self.width_ratio, c, multiple=multiple) for root, c in plan.width_roots})
         head_ratios = {  # Torch-Pruning rounds the heads removed up, which may remove them all
             proj: _exact_ratio(self.ratio, site.heads, removed_rounds_up=True)
             for site in plan.heads
@@ -274,10 +276,7 @@ def _plan(model: nn.Module, task: Task, technique: StructuredPrune) -> _Plan:
     """
     import torch_pruning as tp
 
-    inputs = task.example_input(1)
-    device = model_device(model)
-    args = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
-    args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
+    args = as_args(task.example_input(1))
     keep_width = technique.width_ratio is None
     marked = _Marked()
     try:
@@ -359,8 +358,9 @@ class _Marked:
         return model(*marked)
 
 
-def _exact_ratio(ratio: float, units: int, *, removed_rounds_up: bool = False) -> float:
-    """The ratio to hand Torch-Pruning so that ``max(1, round((1 - ratio) * units))`` units stay.
+def _exact_ratio(ratio: float, units: int, *, removed_rounds_up: bool = False, multiple: int = 1) -> float:
+    """The ratio to hand Torch-Pruning so that ``max(1, round((1 - ratio) * units))`` units stay, rounded
+    up to a multiple of ``multiple`` (a group no wider than ``multiple`` is left as it is).
 
     For channels it keeps ``int(units * (1 - r))``; for heads it removes ``ceil(r * units)``: aim
     half a unit inside the step so that float rounding cannot move it.
@@ -368,6 +368,8 @@ def _exact_ratio(ratio: float, units: int, *, removed_rounds_up: bool = False) -
     if units < 1:
         return 0.0
     keep = max(1, round((1 - ratio) * units))
+    if multiple > 1:
+        keep = min(units, round_up(keep, multiple))
     if removed_rounds_up:
         return max(0.0, (units - keep - 0.5) / units)
     return max(0.0, 1 - (keep + 0.5) / units)
@@ -443,7 +445,10 @@ class TwoFourPrune(Technique):
     CUTLASS for float32), so Sparse Tensor Cores run the matmul at up to 2x: the one sparsity
     pattern GPUs accelerate. CUDA only, compute capability 8.0 or newer; layers whose shape the
     kernels cannot tile (output rows not a multiple of 32, inputs not a multiple of 64) stay dense.
-    In a configuration it runs after the other pruning techniques.
+    On 9.x (Hopper) PyTorch's CUTLASS kernels do not run and cuSPARSELt takes half precision only:
+    a float32 model is cast to bfloat16 (as ``bf16`` does; a ``bf16`` or ``fp16`` in the same
+    configuration decides the precision instead). In a configuration it runs after the other
+    pruning techniques.
     """
 
     name: ClassVar[str] = "prune_2_4"
@@ -460,6 +465,11 @@ class TwoFourPrune(Technique):
         capability = cuda_capability(device)
         if capability is None or capability < (8, 0):
             return f"{TWO_FOUR_REASON}; {device} is not one."
+        if capability >= (9, 0) and not _cusparselt():
+            return (
+                f"on compute capability {capability[0]}.{capability[1]} the 2:4 kernels are cuSPARSELt's "
+                "(PyTorch's CUTLASS ones run on 8.x only), and this torch build has no cuSPARSELt."
+            )
         if task is not None and not _two_four_linears(task.model):
             return "the model has no nn.Linear whose shape the 2:4 kernels take (rows a multiple of 32, columns of 64)."
         return None
@@ -485,8 +495,21 @@ class TwoFourPrune(Technique):
         with torch.no_grad():
             for linear in linears:
                 linear.weight.mul_(two_four_mask(linear.weight))
+        capability = cuda_capability(device)
+        if capability is not None and capability >= (9, 0) and linears[0].weight.dtype == torch.float32:
+            # cuSPARSELt, the one 2:4 backend on 9.x, takes half precision only: the model runs in bfloat16
+            from pareto.compress.quantize import cast_for
+
+            cast = cast_for(model, torch.bfloat16, self)
+            to_semi_structured_weights(linears)  # the same modules, in bfloat16 now
+            return cast
         to_semi_structured_weights(linears)
         return model
+
+
+def _cusparselt() -> bool:
+    backend = getattr(torch.backends, "cusparselt", None)
+    return backend is not None and bool(backend.is_available())
 
 
 def two_four_mask(weight: torch.Tensor) -> torch.Tensor:

@@ -27,10 +27,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import nn
 
-from pareto.compress.base import Backend, Family, Technique, model_device, register
+from pareto.compress.base import Backend, Family, Technique, register
 from pareto.compress.compile import _compile_reason
 from pareto.compress.quantize import TORCHAO_HINT, _has_ao_quantized, _is_wrapper_tensor
 from pareto.compress.tracing import calibration_inputs, first_line, quiet, trace_first
+from pareto.devices import model_device
 from pareto.errors import TechniqueError
 
 if TYPE_CHECKING:
@@ -124,6 +125,9 @@ class Int8Static(Technique):
     """
 
     name: ClassVar[str] = "int8_static"
+    excludes: ClassVar[frozenset[str]] = frozenset(
+        {"bf16", "fp16", "fp8", "int4_weight_only", "int8_dynamic", "int8_weight_only"}
+    )
     family: ClassVar[Family] = "quantize"
     summary: ClassVar[str] = (
         "PT2E static int8 (X86 Inductor quantizer): int8 convs and linears, activation ranges calibrated on "

@@ -160,6 +160,9 @@ class Int8Dynamic(Technique):
     """
 
     name: ClassVar[str] = "int8_dynamic"
+    excludes: ClassVar[frozenset[str]] = frozenset(
+        {"fp8", "int4_weight_only", "int8_static", "int8_weight_only", "prune_2_4"}
+    )
     #: torch.ao / torchao modules and tensor subclasses: the ONNX exporter has no mapping for them
     backends: ClassVar[tuple[Backend, ...]] = ("eager", "compile")
     family: ClassVar[Family] = "quantize"
@@ -213,6 +216,8 @@ class Int8Dynamic(Technique):
         if backend == "torch.ao" and half and self.kernels is None and torchao:
             backend = "torchao"  # unset kernels: torch.ao cannot take fp16/bf16 linears, torchao can
         if backend == "torchao":
+            if device.startswith("cuda"):
+                linears = _int8_kernel_linears(self, linears)
             quantized = _torchao_quantize(
                 self, model, _torchao_config("Int8DynamicActivationInt8WeightConfig"), linears
             )
@@ -233,6 +238,27 @@ class Int8Dynamic(Technique):
             return quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=False)
 
 
+#: torch._int_mm (int8 x int8 -> int32 on CUDA) takes widths that are multiples of 8; torchao copies
+#: the operands to the host for any other width, which is no int8 kernel at all.
+INT8_CUDA_MULTIPLE = 8
+
+
+def _int8_kernel_linears(technique: Technique, linears: list[nn.Linear]) -> list[nn.Linear]:
+    """The linears whose widths CUDA's int8 matmul takes; the others stay in floating point.
+
+    Raises:
+        TechniqueError: none has such widths.
+    """
+    m = INT8_CUDA_MULTIPLE
+    kept = [lin for lin in linears if lin.in_features % m == 0 and lin.out_features % m == 0]
+    if not kept:
+        raise TechniqueError(
+            f"{technique.describe()}: no nn.Linear has input and output widths that are multiples of {m}, "
+            "which CUDA's int8 matmul needs."
+        )
+    return kept
+
+
 @register
 class Int8WeightOnly(Technique):
     """Weights stored as int8 (per output channel), activations stay in floating point; torchao only.
@@ -242,6 +268,9 @@ class Int8WeightOnly(Technique):
     """
 
     name: ClassVar[str] = "int8_weight_only"
+    excludes: ClassVar[frozenset[str]] = frozenset(
+        {"fp8", "int4_weight_only", "int8_dynamic", "int8_static", "prune_2_4"}
+    )
     #: torch.ao / torchao modules and tensor subclasses: the ONNX exporter has no mapping for them
     backends: ClassVar[tuple[Backend, ...]] = ("eager", "compile")
     family: ClassVar[Family] = "quantize"
@@ -281,6 +310,9 @@ class Int4WeightOnly(Technique):
     """
 
     name: ClassVar[str] = "int4_weight_only"
+    excludes: ClassVar[frozenset[str]] = frozenset(
+        {"fp16", "fp8", "int8_dynamic", "int8_static", "int8_weight_only", "prune_2_4"}
+    )
     #: torch.ao / torchao modules and tensor subclasses: the ONNX exporter has no mapping for them
     backends: ClassVar[tuple[Backend, ...]] = ("eager", "compile")
     family: ClassVar[Family] = "quantize"
@@ -289,7 +321,8 @@ class Int4WeightOnly(Technique):
     group_size: Literal[32, 64, 128, 256] = 128
 
     def backend(self, device: str) -> str | None:
-        return "torchao" if self.available(device) is None else None
+        kernels = "MSLK" if int4_packing() == "plain" else "tinygemm"
+        return f"torchao ({kernels})" if self.available(device) is None else None
 
     def available(self, device: str, task: Task | None = None) -> str | None:
         if not device.startswith("cuda"):
@@ -323,25 +356,105 @@ class Int4WeightOnly(Technique):
             raise TechniqueError(
                 f"{self.describe()}: {reason} (the pipeline moves the model to the device given to apply)"
             )
-        if isinstance(model, HalfPrecision):
-            if model.dtype != torch.bfloat16:
-                raise TechniqueError(
-                    f"{self.describe()}: int4 kernels compute in bfloat16; combine it with bf16, not fp16."
-                )
-        else:
-            model = _cast(model, torch.bfloat16, self)
+        model = _in_bfloat16(model, self)
         eligible = [m for m in _float_linears(model) if m.in_features % self.group_size == 0]
         if not eligible:
             raise TechniqueError(
                 f"{self.describe()}: no nn.Linear has an input width that is a multiple of {self.group_size}."
             )
+        config = _torchao_config("Int4WeightOnlyConfig", group_size=self.group_size, int4_packing_format=int4_packing())
+        return _torchao_quantize(self, model, config, eligible)
+
+
+def int4_packing() -> str:
+    """torchao's int4 packing: ``"plain"`` (MSLK's kernels) where the MSLK package is installed, else
+    ``"tile_packed_to_4d"``, tinygemm's layout, whose kernel ships with PyTorch itself (torchao's default,
+    plain, needs MSLK: "Requires mslk >= 1.0.0" without it). A string: torchao's packing enum is a
+    ``str`` enum, and not every torchao release exports it."""
+    return "plain" if importlib.util.find_spec("mslk") is not None else "tile_packed_to_4d"
+
+
+#: float8 matmuls (torch._scaled_mm) take widths that are multiples of 16.
+FP8_MULTIPLE = 16
+
+
+@register
+class Fp8(Technique):
+    """float8 (e4m3) weights and activations, each scaled per row, activations quantized on the fly.
+
+    torchao's ``Float8DynamicActivationFloat8WeightConfig`` with ``PerRow`` granularity; the rest of
+    the model runs in bfloat16 (it is cast first, as ``bf16`` does, unless it already is). Linears whose
+    widths are not multiples of 16 stay in bfloat16. CUDA only, compute capability 8.9 or newer
+    (Ada, Hopper), torchao only. Halves the bytes of bf16 weights and doubles the tensor cores' peak:
+    it pays where the matmuls are large enough to compute, not on a launch-bound model.
+    """
+
+    name: ClassVar[str] = "fp8"
+    excludes: ClassVar[frozenset[str]] = frozenset(
+        {"fp16", "int4_weight_only", "int8_dynamic", "int8_static", "int8_weight_only", "prune_2_4"}
+    )
+    backends: ClassVar[tuple[Backend, ...]] = ("eager", "compile")
+    family: ClassVar[Family] = "quantize"
+    summary: ClassVar[str] = "float8 weights and activations per row, bfloat16 elsewhere (torchao, CUDA sm89+)"
+    # after the casts (bf16 before it), beside the integer quantizations
+    order_in_family: ClassVar[int] = 1
+
+    def backend(self, device: str) -> str | None:
+        return "torchao" if self.available(device) is None else None
+
+    def available(self, device: str, task: Task | None = None) -> str | None:
+        if not device.startswith("cuda"):
+            return f"float8 matmuls need a CUDA GPU of compute capability 8.9 or newer; this device is {device}."
+        reason = _torchao_reason("Float8DynamicActivationFloat8WeightConfig") or _torchao_reason("PerRow")
+        if reason is not None:
+            return reason
+        capability = cuda_capability(device)
+        if capability is None:
+            return f"torch sees no CUDA device {device!r}."
+        if capability < (8, 9):
+            major, minor = capability
+            return f"float8 matmuls need compute capability 8.9 or newer; {device} has {major}.{minor}."
+        if task is not None and not _has_linear(task.model):
+            return "the model has no nn.Linear layer to quantize."
+        return None
+
+    def apply(self, model: nn.Module, task: Task) -> nn.Module:
+        """Return ``model`` in bfloat16 with eligible ``nn.Linear`` weights as torchao float8 tensors.
+
+        Raises:
+            TechniqueError: not on a capable CUDA device, torchao missing, the model cast to fp16,
+                or no linear layer with widths that are multiples of 16.
+        """
+        linears = _linears_to_quantize(self, model)
+        reason = self.available(str(linears[0].weight.device))
+        if reason is not None:
+            raise TechniqueError(f"{self.describe()}: {reason}")
+        model = _in_bfloat16(model, self)
+        m = FP8_MULTIPLE
+        eligible = [lin for lin in _float_linears(model) if lin.in_features % m == 0 and lin.out_features % m == 0]
+        if not eligible:
+            raise TechniqueError(f"{self.describe()}: no nn.Linear has widths that are multiples of {m}.")
         ao, _ = _torchao()
         assert ao is not None
-        packing = getattr(getattr(ao, "Int4PackingFormat", None), "TILE_PACKED_TO_4D", None)
-        # tile_packed_to_4d is tinygemm's layout, whose kernel ships with PyTorch itself
-        extra = {"int4_packing_format": packing} if packing is not None else {}
-        config = _torchao_config("Int4WeightOnlyConfig", group_size=self.group_size, **extra)
-        return _torchao_quantize(self, model, config, eligible)
+        config = _torchao_config("Float8DynamicActivationFloat8WeightConfig", granularity=ao.PerRow())
+        quantized = _torchao_quantize(self, model, config, eligible)
+        setattr(quantized, "pareto_compute_dtype", "fp8")  # noqa: B010  (read by measure.compute.compute_dtype)
+        return quantized
+
+
+def _in_bfloat16(model: nn.Module, technique: Technique) -> nn.Module:
+    """``model`` cast to bfloat16 (as ``bf16`` does) unless it is already; an fp16 model is refused.
+
+    Raises:
+        TechniqueError: the model was cast to fp16.
+    """
+    if isinstance(model, HalfPrecision):
+        if model.dtype != torch.bfloat16:
+            raise TechniqueError(
+                f"{technique.describe()}: its kernels compute in bfloat16; combine it with bf16, not fp16."
+            )
+        return model
+    return _cast(model, torch.bfloat16, technique)
 
 
 class HalfPrecision(nn.Module):
@@ -349,12 +462,18 @@ class HalfPrecision(nn.Module):
 
     The wrapper keeps a half-precision model a drop-in replacement: the task's ``example_input``
     and ``evaluate`` go on feeding and reading float32 tensors.
+
+    Attributes:
+        implied_by: The technique that cast the model because its kernels need half precision
+            (``prune_2_4`` on Hopper), or None when a cast was asked for; a cast asked for later in
+            the configuration decides the precision then.
     """
 
-    def __init__(self, module: nn.Module, dtype: torch.dtype) -> None:
+    def __init__(self, module: nn.Module, dtype: torch.dtype, implied_by: str | None = None) -> None:
         super().__init__()
         self.module = module
         self.dtype = dtype
+        self.implied_by = implied_by
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         out = self.module(*_cast_floats(args, self.dtype), **_cast_floats(kwargs, self.dtype))
@@ -384,12 +503,21 @@ def _half_matmul_reason(dtype: torch.dtype) -> str | None:
     return None
 
 
+def cast_for(model: nn.Module, dtype: torch.dtype, technique: Technique) -> HalfPrecision:
+    """``model`` in ``dtype`` because ``technique``'s kernels need it (a later fp16 or bf16 decides instead)."""
+    cast = _cast(model, dtype, technique)
+    cast.implied_by = technique.name
+    return cast
+
+
 def _cast(model: nn.Module, dtype: torch.dtype, technique: Technique) -> HalfPrecision:
     """``model`` with its floating-point parameters and buffers in ``dtype``, wrapped in ``HalfPrecision``.
 
     Raises:
         TechniqueError: already cast, or no floating-point parameter.
     """
+    if isinstance(model, HalfPrecision) and model.implied_by is not None:
+        model = model.module  # a cast another technique implied (its weights rounded to it): this one decides
     if any(isinstance(m, HalfPrecision) for m in model.modules()):
         raise TechniqueError(f"{technique.describe()}: the model is already cast; use one of fp16 and bf16.")
     if _has_ao_quantized(model):
@@ -436,6 +564,7 @@ class Fp16(_HalfCast):
     """
 
     name: ClassVar[str] = "fp16"
+    excludes: ClassVar[frozenset[str]] = frozenset({"bf16"})
     family: ClassVar[Family] = "quantize"
     summary: ClassVar[str] = "parameters and activations in float16; inputs and outputs stay float32"
     dtype: ClassVar[torch.dtype] = torch.float16

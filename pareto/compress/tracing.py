@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
-from pareto.measure.latency import as_args
+from pareto.devices import as_args
 
 if TYPE_CHECKING:
     from pareto.task import Task
@@ -38,7 +38,7 @@ def trace_inputs(task: Task) -> Iterator[tuple[tuple[Any, ...], tuple[Any, ...]]
     """
     batches = [2, 1] if task.batch_size < 2 else [task.batch_size]
     for batch in batches:
-        args = as_args(task.example_input(batch), None)
+        args = as_args(task.example_input(batch))
         dims = tuple(
             {axis: torch.export.Dim.AUTO for axis in range(a.dim())} if isinstance(a, torch.Tensor) else None
             for a in args
@@ -72,7 +72,7 @@ def first_line(exc: BaseException) -> str:
 def calibration_inputs(task: Task) -> list[tuple[Any, ...]]:
     """Up to ``CALIBRATION_BATCHES`` argument tuples: ``train_data``'s inputs (not labels), else the example input."""
     inputs = [item[0] for item in itertools.islice(task.train_data or (), CALIBRATION_BATCHES)]
-    return [as_args(x, None) for x in inputs or [task.example_input(task.batch_size)]]
+    return [as_args(x) for x in inputs or [task.example_input(task.batch_size)]]
 
 
 @contextlib.contextmanager

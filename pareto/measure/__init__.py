@@ -25,7 +25,6 @@ _EXPORTS = {
     "Timed": "latency",
     "measure_interleaved": "latency",
     "measure_latency": "latency",
-    "resolve_device": "latency",
     "ContentionProbe": "probe",
     "params_bytes": "memory",
     "theoretical_bytes": "memory",

@@ -33,9 +33,9 @@ from datetime import datetime, timezone
 
 import torch
 
+from pareto.devices import resolve_device
 from pareto.errors import UsageError
 from pareto.measure.environment import fingerprint
-from pareto.measure.latency import resolve_device
 from pareto.measure.roofline import HardwareProfile
 
 _TARGET_CALL_S = 0.02

@@ -26,7 +26,7 @@ from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from torch.utils.flop_counter import FlopCounterMode
 
-from pareto.measure.latency import as_args
+from pareto.devices import as_args
 from pareto.measure.memory import eager_module, params_bytes, stored_bytes_by_module, tensor_bytes
 
 #: How ``count_flops`` and ``layer_costs`` count; stored with the numbers.
@@ -110,7 +110,7 @@ def bytes_moved(model: nn.Module, inputs: torch.Tensor | Sequence[Any], outputs:
     Returns:
         Bytes per batch.
     """
-    args = as_args(inputs, None)
+    args = as_args(inputs)
     if outputs is None:
         with torch.inference_mode():
             outputs = model.eval()(*args)
@@ -239,7 +239,7 @@ class _Trace:
 
 def _trace(model: nn.Module, inputs: torch.Tensor | Sequence[Any]) -> _Trace:
     """Run one forward with the flop counter and hooks on every module; attribute FLOPs exclusively."""
-    args = as_args(inputs, None)
+    args = as_args(inputs)
     model = eager_module(model).eval()
     counter = FlopCounterMode(display=False, custom_mapping=_extra_formulas())
     quantized = _dynamic_quantized_linear()

@@ -15,8 +15,9 @@ from typing import Any
 KEY_FIELDS = ("device_name", "driver", "torch_version", "cpu_model", "threads", "hostname")
 #: Part of the key only where set, so that environments recorded before them (or without the library)
 #: keep their keys: installing or upgrading ONNX Runtime or torchao (whose kernels int8_dynamic prefers
-#: and int8_static needs) makes a new environment, as a torch upgrade does.
-OPTIONAL_KEY_FIELDS = ("onnxruntime_version", "torchao_version")
+#: and int8_static needs) makes a new environment, as a torch upgrade does. ``cuda_math`` (CUDA only)
+#: holds the float32 math settings: TF32 on or off changes an fp32 model's time on a GPU 5-10x.
+OPTIONAL_KEY_FIELDS = ("onnxruntime_version", "torchao_version", "cuda_math")
 
 
 def fingerprint(device: str, threads: int) -> dict[str, Any]:
@@ -29,7 +30,8 @@ def fingerprint(device: str, threads: int) -> dict[str, Any]:
     Returns:
         device, device_name, driver (None on CPU), torch_version, python_version, platform,
         cpu_model, cpu_count, threads, hostname, onnxruntime_version and torchao_version (None when
-        that library is not installed; then it is not part of the key).
+        that library is not installed; then it is not part of the key), and on CUDA ``cuda_math``
+        (``cuda_math_settings``; None on the CPU).
     """
     import torch  # lazily: query commands import this package without torch
 
@@ -40,7 +42,7 @@ def fingerprint(device: str, threads: int) -> dict[str, Any]:
     return {
         "device": device,
         "device_name": torch.cuda.get_device_name(torch.device(device)) if on_cuda else cpu_model,
-        "driver": _cuda_driver() if on_cuda else None,
+        "driver": cuda_driver() if on_cuda else None,
         "torch_version": torch.__version__,
         "python_version": platform.python_version(),
         "platform": platform.platform(),
@@ -49,8 +51,24 @@ def fingerprint(device: str, threads: int) -> dict[str, Any]:
         "threads": threads,
         "hostname": socket.gethostname(),
         "onnxruntime_version": onnxruntime_version(),
-        "torchao_version": _distribution_version("torchao"),
+        "torchao_version": distribution_version("torchao"),
+        "cuda_math": cuda_math_settings() if on_cuda else None,
     }
+
+
+def cuda_math_settings() -> str:
+    """How float32 math runs on CUDA in this process: TF32 for matmuls (``float32_matmul_precision``:
+    "highest" is full fp32, torch's default) and for cuDNN convolutions, and cuDNN's autotuner.
+
+    pareto leaves these as the process has them (the user's serving code decides them): they are
+    recorded, and part of the environment key, so that measurements under other settings never mix.
+    """
+    import torch
+
+    return (
+        f"float32_matmul_precision={torch.get_float32_matmul_precision()}, "
+        f"cudnn.allow_tf32={torch.backends.cudnn.allow_tf32}, cudnn.benchmark={torch.backends.cudnn.benchmark}"
+    )
 
 
 def environment_key(fp: dict[str, Any]) -> str:
@@ -65,7 +83,7 @@ def environment_key(fp: dict[str, Any]) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-def _distribution_version(name: str) -> str | None:
+def distribution_version(name: str) -> str | None:
     """The installed version of distribution ``name`` (read from its metadata, not imported), or None."""
     from importlib.metadata import PackageNotFoundError, version
 
@@ -85,7 +103,7 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _cuda_driver() -> str:
+def cuda_driver() -> str:
     """The CUDA (or HIP) runtime torch was built with, and the NVIDIA kernel driver when readable."""
     import torch
 

@@ -14,7 +14,6 @@ import dataclasses
 import gc
 import math
 import os
-import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -25,6 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from pareto.devices import device_identity
 from pareto.errors import UsageError
 from pareto.locks import device_lock
 from pareto.measure.probe import ContentionProbe
@@ -38,9 +38,14 @@ from pareto.slo import (
     slo_verdict,
 )
 
-#: Untimed calls before each block when models are interleaved: switching models leaves the caches
-#: to the previous one, and a served model is warm.
+#: Untimed calls before each block when models are interleaved or the contention probe runs between
+#: rounds: another model or the probe leaves the caches to itself, and a served model is warm.
 BLOCK_WARMUP = 3
+#: What one timed call on a CUDA device includes, stored in every method there.
+CUDA_TIMER_METHOD = (
+    "cuda event pair per call, synchronized after each (the host's kernel launches included: serving latency; "
+    "inputs made on the device before timing and outputs left there: no host-device copy timed)"
+)
 #: Adaptive sampling times at most this many times the planned rounds.
 ADAPTIVE_ROUNDS_FACTOR = 10
 
@@ -146,33 +151,6 @@ class _State:
     stop_reason: str | None = None
 
 
-def resolve_device(spec: str) -> str:
-    """Turn a device spec ("auto", "cpu", "cuda", "cuda:N") into "cpu" or "cuda:N".
-
-    Raises:
-        UsageError: an unknown spec, or a CUDA device torch does not see.
-    """
-    name = spec.strip().lower()
-    if name == "auto":
-        return "cuda:0" if torch.cuda.is_available() else "cpu"
-    if name == "cpu":
-        return "cpu"
-    match = re.fullmatch(r"cuda(?::(\d+))?", name)
-    if match is None:
-        raise UsageError(f"Unknown device {spec!r}; use 'auto', 'cpu', 'cuda' or 'cuda:N'.")
-    index = int(match.group(1) or 0)
-    device = f"cuda:{index}"
-    if not torch.cuda.is_available():
-        raise UsageError(f"CUDA device {device!r} was requested but torch sees no CUDA device; use --device cpu.")
-    count = torch.cuda.device_count()
-    if index >= count:
-        raise UsageError(
-            f"CUDA device {device!r} was requested but torch sees only {count} CUDA device(s); "
-            f"use cuda:0 to cuda:{count - 1}."
-        )
-    return device
-
-
 def measure_latency(
     model: nn.Module,
     inputs: torch.Tensor | Sequence[Any],
@@ -202,9 +180,12 @@ def measure_interleaved(
 ) -> list[LatencyResult]:
     """Time every item in rounds, interleaved in a random order each round.
 
-    Every model is put in eval mode and moved to ``device`` in place, then warmed up. Each round
-    times ``plan.calls_per_round`` calls of every model still measuring, in a fresh random order
-    (with ``BLOCK_WARMUP`` untimed calls first when there are several models). With a ``probe``, the
+    Every model is put in eval mode and warmed up; each model and its inputs must already sit on
+    ``device`` (the bench puts them there: ``pareto.compress.apply(..., device=...)`` and the task's
+    view, ``pareto.devices.on_device``), so no host-device copy is ever timed. Each round times
+    ``plan.calls_per_round`` calls of every model still measuring, in a fresh random order, with
+    ``BLOCK_WARMUP`` untimed calls first whenever another model or the contention probe ran since
+    this model's last call. With a ``probe``, the
     probe is timed after every block: a block whose probe before or after is over the probe's limit
     is discarded and timed again, up to ``plan.max_discards`` times per model; past that the model
     is given up as "machine busy" (``busy``). With ``plan.slo_ms`` each model's P99 verdict is
@@ -217,14 +198,32 @@ def measure_interleaved(
     processes on this host time on one device at once.
 
     Raises:
-        UsageError: a bad plan, thread count or device.
+        UsageError: a bad plan or thread count, or a model or input that is not on ``device``.
     """
     plan.check()
     if threads is not None and threads < 1:
         raise UsageError(f"Thread count must be at least 1, got {threads}.")
-    device = resolve_device(device)
-    with device_lock(device):
+    for item in items:
+        _check_placement(item, device)
+    with device_lock(device_identity(device)):
         return _measure_held(items, device, plan, threads, probe, seed)
+
+
+def _check_placement(item: Timed, device: str) -> None:
+    """Raises UsageError when ``item``'s model or inputs are not on ``device`` (a copy would be timed, or fail)."""
+    from pareto.devices import first_device, model_device, same_device
+
+    for what, where in (("model", model_device(item.model)), ("inputs", first_device(item.inputs))):
+        if where is not None and not same_device(where, device) and (what == "inputs" or _has_tensors(item.model)):
+            raise UsageError(
+                f"The {what} to time are on {where}, not on {device}: build models with "
+                "pareto.compress.apply(..., device=...) and take inputs from the bench's task view "
+                "(pareto.devices.on_device)."
+            )
+
+
+def _has_tensors(model: nn.Module) -> bool:
+    return next(iter(model.parameters()), None) is not None or next(iter(model.buffers()), None) is not None
 
 
 def _measure_held(
@@ -236,6 +235,8 @@ def _measure_held(
     seed: int | None,
 ) -> list[LatencyResult]:
     """``measure_interleaved`` once this process holds the device's timing lock."""
+    from pareto.devices import as_args
+
     looks, confidence = _looks(plan)
     started_s = time.perf_counter()
     load = _load_average()
@@ -244,9 +245,9 @@ def _measure_held(
         torch.set_num_threads(threads)
     try:
         used_threads = torch.get_num_threads()
-        states = [_State(item, as_args(item.inputs, device)) for item in items]
+        states = [_State(item, as_args(item.inputs)) for item in items]
         for state in states:
-            state.item.model.to(device).eval()
+            state.item.model.eval()
             ready = getattr(state.item.model, "pareto_ready", None)
             if callable(ready):  # a runtime that binds its threads when it opens (ONNX Runtime): before warm-up
                 ready()
@@ -260,9 +261,8 @@ def _measure_held(
         if threads is not None:
             torch.set_num_threads(previous_threads)
     elapsed = time.perf_counter() - started_s
-    interleaved = len(states) > 1
     return [
-        _result(s, plan, confidence, len(looks), used_threads, device, probe, elapsed, load, interleaved)
+        _result(s, plan, confidence, len(looks), used_threads, device, probe, elapsed, load, len(states) > 1)
         for s in states
     ]
 
@@ -301,7 +301,8 @@ def _run_looks(
     started_s: float,
 ) -> None:
     max_discards = plan.max_discards if plan.max_discards is not None else plan.rounds
-    block_warmup = BLOCK_WARMUP if len(states) > 1 else 0
+    # another model, or the probe, ran since this model's last call: its caches and clocks are not the model's
+    block_warmup = BLOCK_WARMUP if len(states) > 1 or probe is not None else 0
     last = probe.read().ratio if probe is not None else 1.0
     for index, target in enumerate(looks):
         while True:
@@ -386,7 +387,7 @@ def _result(
     summary = summarize(state.kept, confidence) if state.kept else _empty_summary(confidence)
     # the bounds are at the per-look level; what the verdict holds at overall is the plan's confidence
     summary = dataclasses.replace(summary, confidence=plan.confidence)
-    timer = "cuda event pair per call, synchronized" if device.startswith("cuda") else "perf_counter_ns per call"
+    timer = CUDA_TIMER_METHOD if device.startswith("cuda") else "perf_counter_ns per call"
     taken = f"{summary.rounds} rounds x {plan.calls_per_round} calls ({summary.samples} samples)"
     if plan.slo_ms is not None:
         taken += (
@@ -394,7 +395,9 @@ def _result(
             f"{plan.confidence:.4g} overall)"
         )
     if interleaved:
-        taken += f", interleaved with other models in random order, {BLOCK_WARMUP} untimed calls per block"
+        taken += ", interleaved with other models in random order"
+    if interleaved or probe is not None:
+        taken += f", {BLOCK_WARMUP} untimed calls per block"
     guard = "no contention probe"
     if probe is not None:
         guard = f"{probe.description}; {state.discarded} rounds discarded"
@@ -450,26 +453,22 @@ def _load_average() -> float | None:
         return None
 
 
-def as_args(inputs: torch.Tensor | Sequence[Any], device: str | None) -> tuple[Any, ...]:
-    """The positional arguments of ``model(*args)``, tensors moved to ``device`` (None: left where they are)."""
-    items = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
-    if device is None:
-        return items
-    return tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in items)
-
-
 @contextmanager
 def _gc_paused() -> Iterator[None]:
-    """Collect, freeze and disable the garbage collector for a whole measurement; restore it afterwards."""
+    """Collect, freeze and disable the garbage collector for a whole measurement; restore it afterwards.
+
+    A heap the caller froze already stays as the caller left it (``gc.unfreeze`` would thaw all of it,
+    and freezing more would change the caller's count): then it is only collected and disabled.
+    """
     was_enabled = gc.isenabled()
     was_frozen = gc.get_freeze_count() > 0
     gc.collect()
-    gc.freeze()
+    if not was_frozen:
+        gc.freeze()
     gc.disable()
     try:
         yield
     finally:
-        # a caller that froze the heap itself did so on purpose; unfreezing would undo that too
         if not was_frozen:
             gc.unfreeze()
         if was_enabled:

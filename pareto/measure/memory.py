@@ -15,8 +15,8 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
+from pareto.devices import as_args
 from pareto.errors import UsageError
-from pareto.measure.latency import as_args, resolve_device
 
 if TYPE_CHECKING:
     from pareto.task import AttentionShape
@@ -66,7 +66,8 @@ def theoretical_bytes(model: nn.Module) -> int:
     total = 0
     for tensor, dtype, is_weight in _tensors(model):
         values = tensor.dequantize() if tensor.is_quantized else tensor
-        count = int(torch.count_nonzero(values)) if is_weight else tensor.numel()
+        # a meta tensor holds no values: every element counts
+        count = int(torch.count_nonzero(values)) if is_weight and not values.is_meta else tensor.numel()
         total += dtype.itemsize * count + _qparams_bytes(tensor)
     return total
 
@@ -106,22 +107,19 @@ def activation_bytes(model: nn.Module, inputs: torch.Tensor | Sequence[Any], dev
     ``Sequential(Linear(a, h), ReLU(), Linear(h, b))`` at batch B it is ``4·B·(h + h)`` bytes (the
     first Linear's output and the ReLU's are alive together).
 
-    The model is put in eval mode and moved to ``device`` in place; inputs are moved there.
+    The model is put in eval mode; it and its inputs are on ``device`` already (the bench's rule).
 
     Args:
         model: The module; called as ``model(*inputs)``.
         inputs: A tensor, or a tuple/list of tensors (non-tensor items are passed as they are).
-        device: "auto", "cpu", "cuda" or "cuda:N".
+        device: Where the model and inputs are: "cpu", "cuda:N" (or "meta": no data, shapes only).
 
     Returns:
         Peak activation bytes (``ACTIVATION_METHOD_CPU`` / ``ACTIVATION_METHOD_CUDA`` name the method).
 
-    Raises:
-        UsageError: a bad device.
     """
-    device = resolve_device(device)
-    model = model.to(device).eval()
-    args = as_args(inputs, device)
+    model = model.eval()
+    args = as_args(inputs)
     with torch.inference_mode():
         if device.startswith("cuda"):
             return _cuda_peak_bytes(model, args, device)
@@ -212,9 +210,9 @@ def memory_breakdown(
     """Measure every memory term of ``model`` at inference on one batch.
 
     Args:
-        model: The module (put in eval mode and moved to ``device`` in place).
-        inputs: One batch, as ``measure_latency`` takes it.
-        device: "auto", "cpu", "cuda" or "cuda:N".
+        model: The module (put in eval mode), on ``device``.
+        inputs: One batch, as ``measure_latency`` takes it, on ``device``.
+        device: Where the model is: "cpu", "cuda:N" (or "meta").
         batch_size: The batch ``inputs`` holds (sequences in the KV cache).
         attention: The task's attention shape, None when it has no KV cache.
         kv_bytes_per_element: Bytes per cached element; None takes the element size of the model's
@@ -224,7 +222,6 @@ def memory_breakdown(
     Returns:
         The breakdown; ``method`` says how each term was obtained.
     """
-    device = resolve_device(device)
     element = kv_bytes_per_element if kv_bytes_per_element is not None else _float_element_size(model)
     kv = kv_cache_bytes(attention, batch_size, element)
     method = (
@@ -237,9 +234,14 @@ def memory_breakdown(
         )
         + "optimizer: 0 at inference"
     )
+    # a CUDA graph's private pool was reserved at capture and is held while it is served; a replay
+    # allocates (almost) nothing, so the pool is what its activations take
+    pool = int(getattr(model, "pareto_graph_pool_bytes", 0) or 0)
+    if pool:
+        method = method.replace("; KV cache:", f" + the CUDA graphs' private memory pool ({pool} B); KV cache:", 1)
     return MemoryBreakdown(
         params_bytes=params_bytes(model),
-        activation_bytes=activation_bytes(model, inputs, device),
+        activation_bytes=activation_bytes(model, inputs, device) + pool,
         kv_cache_bytes=kv,
         method=method,
     )

@@ -21,6 +21,9 @@ from pareto.slo import DEFAULT_CONTENTION_LIMIT
 
 _CPU_MATMUL_N, _CUDA_MATMUL_N = 384, 2048
 _CPU_COPY_BYTES, _CUDA_COPY_BYTES = 16 * 2**20, 256 * 2**20
+#: On CUDA, tiny kernels launched one after another: their time is the host's launch time, which a busy
+#: CPU slows (a launch-bound model is slowed the same way), while the matmul and the copy see the GPU.
+_CUDA_LAUNCHES = 100
 _REPEATS = 3
 _REFERENCE_PROBES = 9
 _REFERENCE_WORK_S = 0.02
@@ -71,6 +74,8 @@ class ContentionProbe:
         self._b = torch.randn(n, n, generator=generator).to(device)
         self._src = torch.ones(nbytes, dtype=torch.uint8, device=device)
         self._dst = torch.empty_like(self._src)
+        self._launches = _CUDA_LAUNCHES if on_cuda else 0
+        self._tiny = torch.zeros(1, device=device)
         self._sync: Callable[[], None] = (lambda: torch.cuda.synchronize(device)) if on_cuda else (lambda: None)
         previous = torch.get_num_threads()
         if threads is not None:
@@ -80,7 +85,8 @@ class ContentionProbe:
         finally:
             torch.set_num_threads(previous)
         self.quiet_ms = min(self.run_reference_ms, stored_quiet_ms or self.run_reference_ms)
-        self._workload = f"{n}x{n} fp32 matmul + {nbytes // 2**20} MiB copy, median of {_REPEATS}"
+        launches = f" + {self._launches} one-element kernel launches (host-bound), synchronized" if on_cuda else ""
+        self._workload = f"{n}x{n} fp32 matmul + {nbytes // 2**20} MiB copy{launches}, median of {_REPEATS}"
         self._readings: list[float] = []
 
     @property
@@ -99,6 +105,8 @@ class ContentionProbe:
                 start = time.perf_counter_ns()
                 self._a @ self._b
                 self._dst.copy_(self._src)
+                for _ in range(self._launches):
+                    self._tiny.add_(1.0)
                 self._sync()
                 runs.append((time.perf_counter_ns() - start) / 1e6)
         return statistics.median(runs)

@@ -69,6 +69,9 @@ def environment_id(session: Session, fp: dict[str, Any]) -> int:
 
 
 def environment_dict(env: Environment) -> dict[str, Any]:
+    details = env.details or {}
+    # CUDA's float32 math settings (TF32) are part of a GPU environment's key; a CPU's has none
+    cuda_math = {"cuda_math": details["cuda_math"]} if details.get("cuda_math") else {}
     return {
         "key": env.key,
         "device": env.device,
@@ -79,8 +82,9 @@ def environment_dict(env: Environment) -> dict[str, Any]:
         "threads": env.threads,
         "hostname": env.hostname,
         # where ONNX Runtime was installed (the version is part of the key then); None elsewhere
-        "onnxruntime_version": (env.details or {}).get("onnxruntime_version"),
-        "torchao_version": (env.details or {}).get("torchao_version"),  # likewise, torchao
+        "onnxruntime_version": details.get("onnxruntime_version"),
+        "torchao_version": details.get("torchao_version"),  # likewise, torchao
+        **cuda_math,
     }
 
 

@@ -18,12 +18,16 @@ from torch import nn
 from pareto.task import Task
 
 
+def cache_root() -> Path:
+    """Where pareto keeps what it computes once per machine: ``$PARETO_CACHE_DIR``, else ``~/.cache/pareto``."""
+    return Path(os.environ.get("PARETO_CACHE_DIR") or Path.home() / ".cache" / "pareto")
+
+
 def cache_path(prefix: str, recipe: dict[str, Any]) -> Path:
     """A state-dict file named by a hash of everything that changes the trained weights (torch minor included)."""
     major, minor = torch.__version__.split(".")[:2]
     blob = json.dumps({**recipe, "torch": f"{major}.{minor}"}, sort_keys=True).encode()
-    root = os.environ.get("PARETO_CACHE_DIR") or Path.home() / ".cache" / "pareto"
-    return Path(root) / f"{prefix}-{hashlib.sha256(blob).hexdigest()[:16]}.pt"
+    return cache_root() / f"{prefix}-{hashlib.sha256(blob).hexdigest()[:16]}.pt"
 
 
 def load_state(path: Path) -> dict[str, torch.Tensor] | None:

@@ -1,0 +1,176 @@
+"""CUDA graphs: the whole forward pass recorded once per input shape and replayed as one launch.
+
+On a GPU a small model is launch-bound: each of its dozens of kernels costs the host a few
+microseconds to launch, more than the kernel takes to run, and no compression of the math helps.
+A CUDA graph records the kernels once (the capture) and replays them with one launch. Capture time
+is kept apart from latency like compile time, and the graph's private memory pool is counted in
+memory. Precision casts (``bf16``, ``fp16``), quantized kernels and Inductor's kernels applied
+before are recorded inside the graph.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import nn
+
+from pareto.compress.base import Backend, Family, Technique, register
+from pareto.devices import as_args, model_device
+from pareto.errors import TechniqueError
+
+if TYPE_CHECKING:
+    from pareto.task import Task
+
+#: Eager calls on a side stream before a capture (as PyTorch's CUDA-graph notes ask: lazy
+#: initializations such as cuBLAS workspaces must not happen inside the capture).
+CAPTURE_WARMUP = 3
+
+
+class CudaGraphed(nn.Module):
+    """Serve ``module`` by replaying a CUDA graph recorded for each input signature it is called with.
+
+    Each call copies its tensor arguments into the graph's static inputs (device-to-device), replays
+    the graph, and returns a clone of the static outputs (the next replay overwrites them): all of it
+    part of the timed call. A new shape, dtype or device records a new graph, into the same private
+    memory pool. Calls run under ``torch.inference_mode`` (a recorded graph cannot train).
+
+    Attributes:
+        _orig_mod: The module recorded (read for memory, FLOPs and export, as on ``torch.compile``'s wrapper).
+        pareto_graph_pool_bytes: Bytes the graphs' private memory pool holds.
+        pareto_compile_s: Seconds the first capture took (warm-up included): kept apart from latency.
+    """
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self._orig_mod = module
+        self._graphs: dict[tuple[Any, ...], tuple[torch.cuda.CUDAGraph, list[torch.Tensor], Any]] = {}
+        self._pool: Any = None
+        self.pareto_graph_pool_bytes: int = 0
+        self.pareto_compile_s: float = 0.0
+        declared = getattr(module, "pareto_compute_dtype", None)
+        if declared is not None:
+            self.pareto_compute_dtype = declared
+
+    def forward(self, *args: Any) -> Any:
+        with torch.inference_mode():
+            key = _signature(args)
+            entry = self._graphs.get(key)
+            if entry is None:
+                entry = self._graphs[key] = self._capture(args)
+            graph, static_inputs, static_output = entry
+            for static, given in zip(static_inputs, _tensors(args), strict=True):
+                static.copy_(given)
+            graph.replay()
+            return _clone(static_output)
+
+    def _capture(self, args: tuple[Any, ...]) -> tuple[torch.cuda.CUDAGraph, list[torch.Tensor], Any]:
+        device = model_device(self._orig_mod)
+        static_args = _clone(args)
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(CAPTURE_WARMUP):
+                self._orig_mod(*static_args)
+        torch.cuda.current_stream(device).wait_stream(side)
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_reserved(device)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            static_output = self._orig_mod(*static_args)
+        torch.cuda.synchronize(device)
+        self.pareto_graph_pool_bytes += max(0, torch.cuda.memory_reserved(device) - before)
+        return graph, _tensors(static_args), static_output
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    from torch.utils import _pytree
+
+    return [leaf for leaf in _pytree.tree_leaves(obj) if isinstance(leaf, torch.Tensor)]
+
+
+def _clone(obj: Any) -> Any:
+    from torch.utils import _pytree
+
+    return _pytree.tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, obj)
+
+
+def _signature(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """What a recorded graph is specific to: each tensor's shape, dtype and device; other values as they are."""
+    from torch.utils import _pytree
+
+    leaves, structure = _pytree.tree_flatten(args)
+    parts: list[Any] = [str(structure)]
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            parts.append((tuple(leaf.shape), leaf.dtype, str(leaf.device)))
+        else:
+            parts.append(repr(leaf))
+    return tuple(parts)
+
+
+def _graphed_already(model: nn.Module) -> bool:
+    """True when ``model`` replays CUDA graphs already (this technique, or torch.compile's cudagraph modes)."""
+    if isinstance(model, CudaGraphed):
+        return True
+    mode = getattr(model, "pareto_compile_mode", None)
+    return mode in {"reduce-overhead", "max-autotune"}
+
+
+@register
+class CudaGraphs(Technique):
+    """Record the model's forward pass as a CUDA graph per batch shape and replay it: one launch per call.
+
+    Applied after every other technique (precision casts, quantized kernels, torch.compile's default
+    mode), so what they launch is recorded too. CUDA only. The capture (with its warm-up calls)
+    happens in ``apply`` on the task's example input, timed apart from latency as compile time.
+    """
+
+    name: ClassVar[str] = "cuda_graphs"
+    #: torch.compile's reduce-overhead mode is Inductor's kernels in CUDA graphs: this is the eager ones'
+    excludes: ClassVar[frozenset[str]] = frozenset({"compile"})
+    family: ClassVar[Family] = "compile"
+    summary: ClassVar[str] = "the forward recorded as a CUDA graph per input shape and replayed: one launch (CUDA)"
+    #: after torch.compile (default mode) in the same configuration
+    order_in_family: ClassVar[int] = 1
+    backends: ClassVar[tuple[Backend, ...]] = ("eager", "compile")
+
+    def available(self, device: str, task: Task | None = None) -> str | None:
+        if not device.startswith("cuda"):
+            return f"CUDA graphs record GPU kernels; this device is {device}."
+        if not torch.cuda.is_available():
+            return f"torch sees no CUDA device {device!r}."
+        return None
+
+    def backend(self, device: str) -> str | None:
+        return "torch.cuda.CUDAGraph" if self.available(device) is None else None
+
+    def apply(self, model: nn.Module, task: Task) -> nn.Module:
+        """Return the model wrapped in ``CudaGraphed``, its graph recorded for ``task.example_input(task.batch_size)``.
+
+        Raises:
+            TechniqueError: not on CUDA, graphs recorded already, or the forward cannot be recorded
+                (it synchronizes with the host, or changes shape from call to call).
+        """
+        device = str(model_device(model))
+        reason = self.available(device)
+        if reason is not None:
+            raise TechniqueError(f"{self.describe()}: {reason}")
+        if _graphed_already(model):
+            raise TechniqueError(
+                f"{self.describe()}: the model replays CUDA graphs already (torch.compile's reduce-overhead "
+                "or max-autotune mode); use one of the two."
+            )
+        graphed = CudaGraphed(model.eval())
+        start = time.perf_counter()
+        try:
+            graphed(*as_args(task.example_input(task.batch_size)))
+        except Exception as exc:  # a forward that syncs with the host or allocates per call cannot be recorded
+            raise TechniqueError(f"{self.describe()}: the forward could not be recorded: {exc}") from exc
+        torch.cuda.synchronize(device)
+        # a compiled model's compile seconds and the capture's: both kept apart from latency
+        graphed.pareto_compile_s = (getattr(model, "pareto_compile_s", None) or 0.0) + time.perf_counter() - start
+        return graphed
