@@ -231,8 +231,10 @@ def _space_for_device(spec: SearchSpec, device: str, reporter: Reporter) -> Sear
 
     techniques = copy.deepcopy(DEFAULT_CUDA_SPACE["techniques"])
     reporter.notice(f"On {device} the default space searches the GPU's levers: {', '.join(techniques)}.")
-    space = spec.space.model_copy(update={"techniques": techniques})
-    return spec.model_copy(update={"space": Space.model_validate(space.model_dump())})
+    space = Space.model_validate(
+        {**spec.space.model_dump(mode="json", exclude={"techniques"}), "techniques": techniques}
+    )
+    return spec.model_copy(update={"space": space})
 
 
 def constraints_of(spec: SearchSpec) -> Constraints:

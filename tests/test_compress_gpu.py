@@ -114,6 +114,8 @@ def test_a_kernel_probe_that_fails_is_the_reason_and_is_cached(monkeypatch: pyte
     monkeypatch.setattr(kernels, "_memory", {})
     bf16 = get_technique("bf16")
     assert kernels.probe(bf16, "cpu") is None  # runs through the real pipeline on the probe MLP
+    # on a second device: the probe's inputs must follow its model there (a CPU input fails on meta)
+    assert kernels.probe(get_technique("lowrank", {"rank_ratio": 0.25, "keep_head": False}), "meta") is None
     assert kernels.kernel_reason(bf16, "cpu") is None  # the CPU: the techniques' own checks decide
 
     def broken(self, model, task):

@@ -73,10 +73,12 @@ def test_half_casts_nested_inputs_and_outputs_but_not_integers() -> None:
     assert out.dtype == torch.float32 and same_ids.dtype == torch.int64
 
 
-def test_two_casts_in_one_configuration_fail_the_trial() -> None:
-    model = _mlp()
+def test_two_casts_cannot_share_a_configuration() -> None:
+    with pytest.raises(ValueError, match="bf16 and fp16 cannot share a configuration"):
+        Config(techniques=(Fp16(), Bf16()), batch_size=1)
+    model = _mlp()  # applied one after the other anyway, the second refuses
     with pytest.raises(TechniqueError, match="already cast; use one of fp16 and bf16"):
-        apply(model, Config(techniques=(Fp16(), Bf16()), batch_size=1), _task(model))
+        Bf16().apply(Fp16().apply(model, _task(model)), _task(model))
 
 
 def test_half_without_float_parameters_raises() -> None:
@@ -125,16 +127,20 @@ def test_torchao_int8_on_the_cpu(name: str) -> None:
     assert technique.available("cpu") is None and technique.backend("cpu") == "torchao"
     model = _mlp()
     quantized = apply(model, Config(techniques=(technique,), batch_size=4), _task(model))
-    linears = [m for m in quantized.modules() if isinstance(m, nn.Linear)]
-    assert linears and all(is_traceable_wrapper_subclass(m.weight) for m in linears)
+    # torchao decides per layer (0.17 leaves this model's 16-wide input layer in float, 0.18 does not)
+    quantized_layers = [
+        m for m in quantized.modules() if isinstance(m, nn.Linear) and is_traceable_wrapper_subclass(m.weight)
+    ]
+    assert quantized_layers
     x = torch.randn(32, 16)
     reference = _forward(model, x)
     assert (_forward(quantized, x) - reference).abs().max() < 0.05 * reference.abs().max()
     with pytest.raises(TechniqueError, match="already quantized"):
         technique.apply(quantized, _task(model))
     # the four axes see through torchao's weights: int8 bytes and scales, the float layer's FLOPs, activations
-    weights = 16 * 64 + 64 * 8  # 3 of their 4 bytes saved, less a scale (and zero point) per output row
-    assert 3 * weights - 8 * 72 <= params_bytes(model) - params_bytes(quantized) <= 3 * weights
+    weights = sum(m.in_features * m.out_features for m in quantized_layers)  # 3 of their 4 bytes saved,
+    rows = sum(m.out_features for m in quantized_layers)  # less a scale (and zero point) per output row
+    assert 3 * weights - 8 * rows <= params_bytes(model) - params_bytes(quantized) <= 3 * weights
     assert count_flops(quantized, x) == count_flops(model, x) > 0
     assert activation_bytes(quantized, x, "cpu") > 0
     assert compute_dtype(quantized) == ("int8" if name == "int8_dynamic" else "fp32")
@@ -156,7 +162,7 @@ def test_int8_dynamic_on_the_cpu_takes_torch_ao_kernels_unless_told_or_half() ->
     # a bf16 model: torch.ao cannot take it, so unset kernels go to torchao; asked for torch.ao, it says so
     config = Config(techniques=(get_technique("bf16"), Int8Dynamic()), batch_size=4)
     half = apply(model, config, _task(model))
-    assert all(is_traceable_wrapper_subclass(m.weight) for m in half.modules() if isinstance(m, nn.Linear))
+    assert any(is_traceable_wrapper_subclass(m.weight) for m in half.modules() if isinstance(m, nn.Linear))
     told = Config(techniques=(get_technique("bf16"), Int8Dynamic(kernels="torch.ao")), batch_size=4)
     with pytest.raises(TechniqueError, match="needs float32 linear layers; with fp16 or bf16 use kernels=torchao"):
         apply(model, told, _task(model))

@@ -8,6 +8,7 @@ tensor fails, as a model on a GPU does. Running assess, measure and the roofline
 from __future__ import annotations
 
 from collections import namedtuple
+from typing import ClassVar
 
 import pytest
 import torch
@@ -15,7 +16,8 @@ from torch import nn
 
 from pareto import Task
 from pareto.assess import assess, preflight
-from pareto.compress import Config, apply, get_technique
+from pareto.compress import Config, Technique, apply, get_technique
+from pareto.compress.base import Family
 from pareto.devices import Fed, as_args, device_identity, first_device, model_device, on_device, to_device
 from pareto.errors import BaselineFailed, UsageError
 from pareto.measure.latency import measure_latency
@@ -101,7 +103,6 @@ def test_the_view_moves_data_and_never_the_users_model() -> None:
     [
         (),
         (("lowrank", {"rank_ratio": 0.3, "keep_head": False}),),
-        (("distill", {"width_ratio": 0.5, "steps": 2}),),
     ],
 )
 def test_assess_runs_everything_on_the_models_device(techniques: tuple[tuple[str, dict], ...]) -> None:
@@ -127,10 +128,26 @@ def test_a_model_and_its_inputs_must_sit_on_the_timed_device() -> None:
         measure_latency(model.to("meta"), torch.randn(2, 4), device="meta", samples=4, threads=1)
 
 
-def test_apply_builds_on_the_device_from_a_task_written_for_the_cpu() -> None:
-    task = shape_task()
-    lowrank = get_technique("lowrank", {"rank_ratio": 0.3, "keep_head": False})
-    model = apply(task.model, Config(techniques=(lowrank,), batch_size=8), task, device="meta")
+class _Reads(Technique):
+    """A technique that runs the model on the task's example input and training batches, as compile,
+    structured pruning, low-rank's head search and recovery training do."""
+
+    name: ClassVar[str] = "test_reads_task_data"
+    family: ClassVar[Family] = "finetune"
+
+    def apply(self, model: nn.Module, task: Task) -> nn.Module:
+        model(*as_args(task.example_input(task.batch_size)))
+        for inputs, _ in task.train_data or ():
+            model(*as_args(inputs))
+        return model
+
+
+def test_apply_builds_on_the_device_from_a_task_written_for_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pareto.compress import base
+
+    monkeypatch.setitem(base._REGISTRY, _Reads.name, _Reads)
+    task = shape_task(train_data=[(torch.randn(8, 16), torch.zeros(8, dtype=torch.long))] * 2)
+    model = apply(task.model, Config(techniques=(_Reads(),), batch_size=8), task, device="meta")
     assert model_device(model).type == "meta" and model_device(task.model).type == "cpu"
 
 
@@ -160,8 +177,15 @@ def test_measure_and_roofline_run_on_the_resolved_device(monkeypatch: pytest.Mon
         db=f"sqlite:///{tmp_path}/none.db",
     )
     assert result["metrics"]["accuracy"] == 0.75 and result["environment"]["device"] == "meta"
+    import pareto.measure.compute as compute
+
+    seen, real = [], compute.layer_costs
+    monkeypatch.setattr(
+        compute, "layer_costs", lambda model, x: seen.append((model_device(model), x.device)) or real(model, x)
+    )
     rows = api.roofline("tests.test_devices:shape_task", hardware="h200", device="meta")
     assert rows["layers"] and all(row["flops"] >= 0 for row in rows["layers"])
+    assert seen == [(torch.device("meta"), torch.device("meta"))]  # counted where it would be measured
 
 
 def test_the_device_lock_names_a_gpu_by_its_uuid(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -96,8 +96,9 @@ def test_stored_bytes_by_module_sums_to_params_bytes() -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: allocator-peak activations untested")
 def test_activation_bytes_cuda() -> None:
-    small = activation_bytes(_mlp(), torch.randn(64, 64), "cuda")
-    large = activation_bytes(_mlp(), torch.randn(1024, 64), "cuda")
+    model = _mlp().to("cuda:0")
+    small = activation_bytes(model, torch.randn(64, 64, device="cuda:0"), "cuda:0")
+    large = activation_bytes(model, torch.randn(1024, 64, device="cuda:0"), "cuda:0")
     assert 0 < small < large
 
 

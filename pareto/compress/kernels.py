@@ -56,16 +56,17 @@ def probe(technique: Technique, device: str) -> str | None:
     import torch
 
     from pareto.compress.pipeline import Config, apply
-    from pareto.devices import as_args
+    from pareto.devices import as_args, on_device
 
-    task = probe_task()
+    task = on_device(probe_task(), device)  # the probe's data where its model is, as a bench's
     backend = "eager" if "eager" in technique.backends else technique.backends[0]
     try:
         config = Config(techniques=(technique,), batch_size=PROBE_BATCH, backend=backend)
         model = apply(task.model, config, task, device=device)
         with torch.inference_mode():
             out = model(*as_args(task.example_input(PROBE_BATCH)))
-        if out.shape != (PROBE_BATCH, PROBE_WIDTH) or not bool(torch.isfinite(out.float()).all()):
+        finite = out.is_meta or bool(torch.isfinite(out.float()).all())  # a meta tensor has no values to check
+        if out.shape != (PROBE_BATCH, PROBE_WIDTH) or not finite:
             return f"a probe through its kernels on {device} gave a wrong output ({tuple(out.shape)}, or not finite)."
     except Exception as exc:  # the kernel, the library or the driver refused: that is the reason
         return f"a probe through its kernels failed on {device}: {exception_line(exc)}."
