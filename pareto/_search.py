@@ -362,23 +362,24 @@ def preflight_baseline(setup: SearchSetup, study: optuna.Study) -> None:
             trial = study.ask()
         config = suggest(trial, setup.batch_sizes, setup.techniques, backends=setup.backends)
         with session_scope(setup.bench.engine) as session:
-            session.add(
-                Trial(
-                    study_id=setup.study_id,
-                    optuna_number=trial.number,
-                    config=config.to_dict(),
-                    config_key=config.key(),
-                    description=config.describe(),
-                    is_baseline=config.is_baseline,
-                    batch_size=config.batch_size,
-                    environment_id=setup.bench.env_id,
-                    state="FAILED",
-                    error=str(exc),
-                    finished_at=utcnow(),
-                )
-            )
+            session.add(trial_row(setup, trial.number, config, state="FAILED", error=str(exc), finished_at=utcnow()))
         study.tell(trial, state=TrialState.FAIL)
         raise
+
+
+def trial_row(setup: SearchSetup, number: int, config: Config, **fields: Any) -> Trial:
+    """A new row of pareto's trial table for Optuna's trial ``number`` of ``config``, measured on the bench."""
+    return Trial(
+        study_id=setup.study_id,
+        optuna_number=number,
+        config=config.to_dict(),
+        config_key=config.key(),
+        description=config.describe(),
+        is_baseline=config.is_baseline,
+        batch_size=config.batch_size,
+        environment_id=setup.bench.env_id,
+        **fields,
+    )
 
 
 def _time_baselines(setup: SearchSetup, run: RunHandle, study: optuna.Study, reporter: Reporter) -> None:
@@ -775,16 +776,7 @@ class _Objective:
     def _start(self, trial: optuna.Trial, config: Config) -> tuple[int, Twin | None]:
         """Store the trial as RUNNING; when the same configuration was measured here, mark it a duplicate."""
         with session_scope(self.bench.engine) as session:
-            row = Trial(
-                study_id=self.setup.study_id,
-                optuna_number=trial.number,
-                config=config.to_dict(),
-                config_key=config.key(),
-                description=config.describe(),
-                is_baseline=config.is_baseline,
-                batch_size=config.batch_size,
-                environment_id=self.bench.env_id,
-            )
+            row = trial_row(self.setup, trial.number, config)
             session.add(row)
             session.flush()
             row_id = row.id

@@ -912,6 +912,31 @@ def _load_line(artifact: Artifact, compile_mode: str | None, threads: int | None
     return f"import {imports}; {settings}model = {loaded}"
 
 
+def _serve_notes(config: Config, artifact: Artifact, compile_mode: str | None) -> list[str]:
+    """What serving the artifact as measured takes beyond its load line."""
+    notes = []
+    if artifact.inductor_freezing:
+        notes.append(
+            "compiled with static shapes: each new input shape compiles once, and Dynamo stops compiling after "
+            "torch._dynamo.config.recompile_limit shapes (8 by default; pareto allowed 64 while measuring): raise "
+            "it for a server that sees many batch sizes"
+        )
+    if compile_mode is not None and artifact.format == TORCHSCRIPT:
+        notes.append("torch.compile takes the TorchScript module but captures no graph from it; it runs as TorchScript")
+    if any(t.name == "cuda_graphs" for t in config.techniques):
+        notes.append(
+            "measured with CUDA graphs: record the loaded model's forward once per batch shape with "
+            "torch.cuda.graph (after a few warm-up calls on a side stream), then per request copy the input into "
+            "the graph's static input, replay, and clone the output; the latency includes that copy and clone"
+        )
+    if compile_mode in {"reduce-overhead", "max-autotune"} and config.techniques:
+        notes.append(
+            "a cudagraph mode on CUDA: call torch.compiler.cudagraph_mark_step_begin() before each request and "
+            "clone the outputs you keep (the next replay overwrites them), as measured"
+        )
+    return notes
+
+
 def _manifest(
     selection: Selection,
     config: Config,
@@ -932,25 +957,6 @@ def _manifest(
         (str(t.params().get("mode", "default")) for t in config.techniques if t.name == "compile"),
         "default" if config.backend == "compile" else None,
     )
-    notes = []
-    if artifact.inductor_freezing:
-        notes.append(
-            "compiled with static shapes: each new input shape compiles once, and Dynamo stops compiling after "
-            "torch._dynamo.config.recompile_limit shapes (8 by default; pareto allowed 64 while measuring): raise "
-            "it for a server that sees many batch sizes"
-        )
-    if compile_mode is not None and artifact.format == TORCHSCRIPT:
-        notes.append("torch.compile takes the TorchScript module but captures no graph from it; it runs as TorchScript")
-    other = check["other_batch"]
-    if other["matches"]:
-        batch_note = f"runs at other batch sizes too (checked at batch {other['batch_size']})"
-    elif other["runs"]:
-        batch_note = (
-            f"at batch {other['batch_size']} it runs but its outputs differ from the model's: "
-            f"serve it at batch {config.batch_size}"
-        )
-    else:
-        batch_note = f"runs at batch {config.batch_size} only (batch {other['batch_size']} failed: {other['error']})"
     return {
         "manifest_version": MANIFEST_VERSION,
         "pareto_version": pareto.__version__,
@@ -978,52 +984,80 @@ def _manifest(
         "export_environment": here,
         "environment_differs": bool(differences),
         "environment_differences": differences,
-        "artifact": {
-            "file": artifact.file,
-            "format": artifact.format,
-            "why": artifact.why,
-            "load": _load_line(artifact, compile_mode, candidate.environment.get("threads")),
-            "load_note": (
-                "run from this folder (the path is relative), then: "
-                + (
-                    "y = session.run(None, {i.name: x.numpy() for i, x in zip(session.get_inputs(), inputs)})"
-                    if artifact.format == ONNX
-                    else "with torch.inference_mode(): y = model(x)"
-                )
-            ),
-            "requires": [*artifact.requires] if artifact.format == ONNX else ["torch", *artifact.requires],
-            "torch_version": here["torch_version"],
-            "device": device,
-            "dynamic_batch": check["other_batch"]["matches"],
-            "batch_note": batch_note,
-        },
-        "serve": {
-            "batch_size": config.batch_size,
-            "batch_note": "the stored latency was measured at this batch size only",
-            "threads": candidate.environment.get("threads"),
-            "threads_note": (
-                "the stored latency was measured with SessionOptions.intra_op_num_threads = threads, "
-                "inter_op_num_threads = 1 and idle spinning off (session.intra_op.allow_spinning = 0)"
-                if artifact.format == ONNX
-                else "the stored latency was measured with torch.set_num_threads(threads) on this device"
-            ),
-            "backend": config.backend,
-            "torch_compile": (
-                {
-                    "mode": compile_mode,
-                    "call": f"model = {_compile_call(artifact, compile_mode, 'model')}",
-                    "inductor_config": {"freezing": True} if artifact.inductor_freezing else {},
-                }
-                if compile_mode is not None
-                else None
-            ),
-            "notes": notes,
-        },
-        "inputs": _spec(inputs, config.batch_size if other["matches"] else None),
+        "artifact": _artifact_entry(artifact, config, candidate, compile_mode, here, device, check),
+        "serve": _serve_entry(artifact, config, candidate, compile_mode),
+        "inputs": _spec(inputs, config.batch_size if check["other_batch"]["matches"] else None),
         "outputs": _spec(outputs),
         "reload_check": check,
         "files": files,
         "files_note": "SHA-256 of every file this export wrote beside this manifest",
+    }
+
+
+def _artifact_entry(
+    artifact: Artifact,
+    config: Config,
+    candidate: Candidate,
+    compile_mode: str | None,
+    here: dict[str, Any],
+    device: str,
+    check: dict[str, Any],
+) -> dict[str, Any]:
+    """The manifest's ``artifact``: the file, how to load it, what it needs, at which batch sizes it runs."""
+    other = check["other_batch"]
+    if other["matches"]:
+        batch_note = f"runs at other batch sizes too (checked at batch {other['batch_size']})"
+    elif other["runs"]:
+        batch_note = (
+            f"at batch {other['batch_size']} it runs but its outputs differ from the model's: "
+            f"serve it at batch {config.batch_size}"
+        )
+    else:
+        batch_note = f"runs at batch {config.batch_size} only (batch {other['batch_size']} failed: {other['error']})"
+    return {
+        "file": artifact.file,
+        "format": artifact.format,
+        "why": artifact.why,
+        "load": _load_line(artifact, compile_mode, candidate.environment.get("threads")),
+        "load_note": (
+            "run from this folder (the path is relative), then: "
+            + (
+                "y = session.run(None, {i.name: x.numpy() for i, x in zip(session.get_inputs(), inputs)})"
+                if artifact.format == ONNX
+                else "with torch.inference_mode(): y = model(x)"
+            )
+        ),
+        "requires": [*artifact.requires] if artifact.format == ONNX else ["torch", *artifact.requires],
+        "torch_version": here["torch_version"],
+        "device": device,
+        "dynamic_batch": other["matches"],
+        "batch_note": batch_note,
+    }
+
+
+def _serve_entry(artifact: Artifact, config: Config, candidate: Candidate, compile_mode: str | None) -> dict[str, Any]:
+    """The manifest's ``serve``: the batch size, threads, backend and compile call the latency was measured with."""
+    return {
+        "batch_size": config.batch_size,
+        "batch_note": "the stored latency was measured at this batch size only",
+        "threads": candidate.environment.get("threads"),
+        "threads_note": (
+            "the stored latency was measured with SessionOptions.intra_op_num_threads = threads, "
+            "inter_op_num_threads = 1 and idle spinning off (session.intra_op.allow_spinning = 0)"
+            if artifact.format == ONNX
+            else "the stored latency was measured with torch.set_num_threads(threads) on this device"
+        ),
+        "backend": config.backend,
+        "torch_compile": (
+            {
+                "mode": compile_mode,
+                "call": f"model = {_compile_call(artifact, compile_mode, 'model')}",
+                "inductor_config": {"freezing": True} if artifact.inductor_freezing else {},
+            }
+            if compile_mode is not None
+            else None
+        ),
+        "notes": _serve_notes(config, artifact, compile_mode),
     }
 
 

@@ -149,11 +149,13 @@ def test_the_served_graph_runs_onednn_int8_kernels_at_every_batch(conv: Task) ->
 def test_int8_static_refuses_what_it_cannot_quantize(conv: Task) -> None:
     with pytest.raises(TechniqueError, match="int8_static quantizes a float32 model; drop fp16/bf16"):
         apply(conv.model, STATIC.model_copy(update={"techniques": (get_technique("bf16"), *STATIC.techniques)}), conv)
-    twice = Config(
-        techniques=(get_technique("int8_dynamic"), get_technique("int8_static")), batch_size=8, backend="compile"
-    )
+    with pytest.raises(ValueError, match="int8_dynamic and int8_static cannot share a configuration"):
+        Config(
+            techniques=(get_technique("int8_dynamic"), get_technique("int8_static")), batch_size=8, backend="compile"
+        )
+    dynamic = apply(conv.model, Config(techniques=(get_technique("int8_dynamic"),), batch_size=8), conv)
     with pytest.raises(TechniqueError, match="use one integer quantization per configuration"):
-        apply(conv.model, twice, conv)
+        get_technique("int8_static").apply(dynamic, conv)  # applied one after the other anyway, it refuses
 
     class DataDependent(nn.Module):
         def __init__(self) -> None:

@@ -442,3 +442,18 @@ def test_continuing_with_another_sampler_says_so(db_url: str) -> None:
         from pareto.store.models import Study
 
         assert session.scalars(select(Study.spec)).one()["search"]["sampler"] == "random"
+
+
+def test_a_gpu_search_without_named_techniques_searches_the_gpus_levers() -> None:
+    from pareto._search import Quiet, _space_for_device
+    from pareto.spec import DEFAULT_CUDA_SPACE
+
+    bare = SearchSpec.model_validate({"task": "demo"})
+    on_gpu = _space_for_device(bare, "cuda:0", Quiet())
+    assert list(on_gpu.space.techniques) == list(DEFAULT_CUDA_SPACE["techniques"])
+    assert _space_for_device(bare, "cpu", Quiet()).space == bare.space  # the CPU keeps its own default
+    named = spec()  # a spec that names its techniques searches them on any device
+    assert _space_for_device(named, "cuda:0", Quiet()).space == named.space
+    batch_only = SearchSpec.model_validate({"task": "demo", "space": {"batch_size": [64, 256]}})
+    gpu = _space_for_device(batch_only, "cuda:0", Quiet()).space
+    assert gpu.batch_size == [64, 256] and "cuda_graphs" in gpu.techniques

@@ -97,3 +97,18 @@ def test_measurement_settings_are_checked() -> None:
     with pytest.raises(UsageError, match="contention_limit"):
         validate_spec({"measure": {"contention_limit": 1.0}})
     assert SearchSpec().measure.confidence == 0.99 and SearchSpec().measure.rounds == 20
+
+
+@pytest.mark.parametrize(
+    "path", sorted(p for p in (ROOT / "configs").glob("*.yaml") if p.name != "nightly.yaml"), ids=lambda p: p.name
+)
+def test_every_shipped_search_config_is_a_valid_spec(path: Path) -> None:
+    spec = load_spec(path)
+    assert spec.space.techniques  # each names what it searches
+
+
+def test_the_default_cuda_space_is_a_valid_space_without_conflicting_defaults() -> None:
+    from pareto.spec import DEFAULT_CUDA_SPACE, Space
+
+    space = Space.model_validate(DEFAULT_CUDA_SPACE)
+    assert {"cuda_graphs", "bf16", "fp8", "int4_weight_only", "prune_2_4"} <= set(space.techniques)

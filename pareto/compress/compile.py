@@ -107,17 +107,9 @@ class Compile(Technique):
 CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
-class StepMarked(nn.Module):
-    """``torch.compile`` in a mode that records CUDA graphs, served one request at a time.
-
-    Every call starts a new step of the cudagraph trees (``torch.compiler.cudagraph_mark_step_begin``:
-    the previous call's outputs may be overwritten now) and returns a clone of the outputs, which the
-    next replay would overwrite: a caller may keep them, as a served model's caller does. Shapes are
-    static: a new batch size records a new graph.
-
-    Attributes:
-        _orig_mod: The module compiled (memory and FLOPs are read on it).
-    """
+class _Compiled(nn.Module):
+    """``torch.compile`` of ``model`` held beside it: the weights stay ``_orig_mod``'s (memory and FLOPs are
+    read on it, as on ``torch.compile``'s own wrapper), and a compute dtype it declares is kept."""
 
     def __init__(self, model: nn.Module, mode: CompileMode) -> None:
         super().__init__()
@@ -128,6 +120,17 @@ class StepMarked(nn.Module):
         declared = getattr(model, "pareto_compute_dtype", None)
         if declared is not None:
             self.pareto_compute_dtype = declared
+
+
+class StepMarked(_Compiled):
+    """``torch.compile`` in a mode that records CUDA graphs, served one request at a time.
+
+    Every call starts a new step of the cudagraph trees (``torch.compiler.cudagraph_mark_step_begin``:
+    the previous call's outputs may be overwritten now) and returns a clone of the outputs, which the
+    next replay would overwrite: a caller may keep them, as a served model's caller does. Shapes are
+    static: a new batch size records a new graph.
+
+    """
 
     def forward(self, *args: Any) -> Any:
         from torch.utils import _pytree
@@ -150,7 +153,7 @@ def reset_compiler() -> None:
     _resets += 1
 
 
-class FrozenCompiled(nn.Module):
+class FrozenCompiled(_Compiled):
     """``torch.compile`` with Inductor's freezing on and static shapes: how a PT2E-quantized graph is served.
 
     Freezing treats the weights as constants, which is what lets Inductor fold the quantized
@@ -171,16 +174,9 @@ class FrozenCompiled(nn.Module):
     """
 
     def __init__(self, model: nn.Module, mode: CompileMode) -> None:
-        super().__init__()
-        self._orig_mod = model
-        compiled = torch.compile(model, mode=mode, dynamic=False)
-        self._compiled: Callable[..., Any]
-        object.__setattr__(self, "_compiled", compiled)  # not a submodule: the weights are _orig_mod's
+        super().__init__(model, mode)
         self._signatures: set[tuple[Any, ...]] = set()
         self._resets = _resets
-        declared = getattr(model, "pareto_compute_dtype", None)
-        if declared is not None:
-            self.pareto_compute_dtype = declared
 
     def forward(self, *args: Any) -> Any:
         signature = _signature(args)

@@ -325,22 +325,7 @@ class Int4WeightOnly(Technique):
         return f"torchao ({kernels})" if self.available(device) is None else None
 
     def available(self, device: str, task: Task | None = None) -> str | None:
-        if not device.startswith("cuda"):
-            return (
-                f"int4 weight-only kernels need a CUDA GPU of compute capability 8.0 or newer; this device is {device}."
-            )
-        reason = _torchao_reason("Int4WeightOnlyConfig")
-        if reason is not None:
-            return reason
-        capability = cuda_capability(device)
-        if capability is None:
-            return f"torch sees no CUDA device {device!r}."
-        if capability < (8, 0):
-            major, minor = capability
-            return f"int4 weight-only kernels need compute capability 8.0 or newer; {device} has {major}.{minor}."
-        if task is not None and not _has_linear(task.model):
-            return "the model has no nn.Linear layer to quantize."
-        return None
+        return _gpu_kernels_reason("int4 weight-only kernels", (8, 0), ("Int4WeightOnlyConfig",), device, task)
 
     def apply(self, model: nn.Module, task: Task) -> nn.Module:
         """Return ``model`` in bfloat16 with eligible ``nn.Linear`` weights as torchao int4 tensors.
@@ -374,6 +359,27 @@ def int4_packing() -> str:
     return "plain" if importlib.util.find_spec("mslk") is not None else "tile_packed_to_4d"
 
 
+def _gpu_kernels_reason(
+    kernels: str, minimum: tuple[int, int], configs: tuple[str, ...], device: str, task: Task | None
+) -> str | None:
+    """Why torchao's ``kernels`` (built from ``configs``) cannot run on ``device`` for ``task``: not a CUDA
+    GPU of compute capability ``minimum`` or newer, torchao missing, or no Linear; None when they can."""
+    need = f"compute capability {minimum[0]}.{minimum[1]} or newer"
+    if not device.startswith("cuda"):
+        return f"{kernels} need a CUDA GPU of {need}; this device is {device}."
+    reason = next((r for r in map(_torchao_reason, configs) if r is not None), None)
+    if reason is not None:
+        return reason
+    capability = cuda_capability(device)
+    if capability is None:
+        return f"torch sees no CUDA device {device!r}."
+    if capability < minimum:
+        return f"{kernels} need {need}; {device} has {capability[0]}.{capability[1]}."
+    if task is not None and not _has_linear(task.model):
+        return "the model has no nn.Linear layer to quantize."
+    return None
+
+
 #: float8 matmuls (torch._scaled_mm) take widths that are multiples of 16.
 FP8_MULTIPLE = 16
 
@@ -403,20 +409,8 @@ class Fp8(Technique):
         return "torchao" if self.available(device) is None else None
 
     def available(self, device: str, task: Task | None = None) -> str | None:
-        if not device.startswith("cuda"):
-            return f"float8 matmuls need a CUDA GPU of compute capability 8.9 or newer; this device is {device}."
-        reason = _torchao_reason("Float8DynamicActivationFloat8WeightConfig") or _torchao_reason("PerRow")
-        if reason is not None:
-            return reason
-        capability = cuda_capability(device)
-        if capability is None:
-            return f"torch sees no CUDA device {device!r}."
-        if capability < (8, 9):
-            major, minor = capability
-            return f"float8 matmuls need compute capability 8.9 or newer; {device} has {major}.{minor}."
-        if task is not None and not _has_linear(task.model):
-            return "the model has no nn.Linear layer to quantize."
-        return None
+        configs = ("Float8DynamicActivationFloat8WeightConfig", "PerRow")
+        return _gpu_kernels_reason("float8 matmuls", (8, 9), configs, device, task)
 
     def apply(self, model: nn.Module, task: Task) -> nn.Module:
         """Return ``model`` in bfloat16 with eligible ``nn.Linear`` weights as torchao float8 tensors.
