@@ -237,7 +237,7 @@ def assess(
                 threads=threads,
                 probe=probe,
             )
-    except UsageError:
+    except (UsageError, TechniqueError):
         raise
     except Exception as exc:  # a compressed model that cannot run fails its trial, reason kept
         raise TechniqueError(f"{config.describe()} could not be measured: {type(exc).__name__}: {exc}") from exc
