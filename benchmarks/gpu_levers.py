@@ -8,6 +8,9 @@ would try first, ``torch.compile`` in its default and reduce-overhead modes, are
 Run on a machine with a CUDA GPU (needs torchao for fp8 and int4):
 
     python benchmarks/gpu_levers.py --tasks demo,transformer,resnet --samples 680 --out levers.json
+    python benchmarks/gpu_levers.py --tasks transformer-large --batches serving,1 --out large.json
+
+``--batches`` takes ``serving`` (the task's own batch) and integers; each batch is its own interleaved run.
 
 Prints one Markdown table per task (P99, P50, speedups over the baseline, accuracy change, build
 seconds), and writes the rows as JSON with the environment and the method.
@@ -29,8 +32,11 @@ LEVERS: list[tuple[str, list[str]]] = [
     ("CUDA graphs (eager capture)", ["cuda_graphs"]),
     ("bf16 + CUDA graphs", ["bf16", "cuda_graphs"]),
     ("bf16 + torch.compile reduce-overhead", ["bf16", "compile:mode=reduce-overhead"]),
+    ("fp8 eager", ["fp8"]),
     ("fp8 + CUDA graphs", ["fp8", "cuda_graphs"]),
+    ("int4 eager", ["int4_weight_only"]),
     ("int4 + CUDA graphs", ["int4_weight_only", "cuda_graphs"]),
+    ("2:4 + bf16 eager", ["prune_2_4", "bf16"]),
     ("2:4 + bf16 + CUDA graphs", ["prune_2_4", "bf16", "cuda_graphs"]),
 ]
 
@@ -40,16 +46,18 @@ def main() -> None:
     parser.add_argument("--tasks", default="demo,transformer,resnet")
     parser.add_argument("--samples", type=int, default=680)
     parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--batches", default="serving", help="comma-separated: 'serving' and/or integers")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    results = [run_task(name, args) for name in args.tasks.split(",")]
+    batches = [None if b == "serving" else int(b) for b in args.batches.split(",")]
+    results = [run_task(name, args, batch) for name in args.tasks.split(",") for batch in batches]
     if args.out:
         with open(args.out, "w") as handle:
             json.dump(results, handle, indent=1, default=str)
 
 
-def run_task(name: str, args: argparse.Namespace) -> dict[str, Any]:
+def run_task(name: str, args: argparse.Namespace, batch_size: int | None) -> dict[str, Any]:
     from pareto._runs import open_bench, time_together
     from pareto.api import parse_technique_option
     from pareto.assess import round_plan
@@ -60,29 +68,30 @@ def run_task(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
     measure = Measure(device=args.device, samples=args.samples, rounds=args.rounds, warmup=50, hardware=None)
     bench = open_bench(None, load_task(name), measure, with_profile=False, read_only=True)
-    batch = bench.task.batch_size
-    rows, configs = [], []
+    batch = batch_size or bench.task.batch_size
+    skipped: dict[str, dict[str, Any]] = {}
+    configs = []
     for label, options in LEVERS:
         config = Config(techniques=tuple(parse_technique_option(o) for o in options), batch_size=batch)
         why = why_not_here(config, bench.task, bench.device)
         if why is not None:
-            rows.append({"label": label, "skipped": why})
+            skipped[label] = {"label": label, "skipped": why}
             continue
         configs.append((label, config))
     start = time.perf_counter()
     timed = time_together(bench, [c for _, c in configs], plan=round_plan(measure, None), probe=bench.probe())
+    measured: dict[str, dict[str, Any]] = {}
     for (label, _), (built, latency) in zip(configs, timed, strict=True):
-        rows.append(
-            {
-                "label": label,
-                "p50_ms": latency.summary.p50_ms,
-                "p99_ms": latency.summary.p99_ms,
-                "p99_upper_ms": latency.summary.p99_upper_ms,
-                "accuracy": float(bench.task.evaluate(built.model)),
-                "build_s": built.compress_s + (built.compile_s or 0.0),
-                "method": latency.method,
-            }
-        )
+        measured[label] = {
+            "label": label,
+            "p50_ms": latency.summary.p50_ms,
+            "p99_ms": latency.summary.p99_ms,
+            "p99_upper_ms": latency.summary.p99_upper_ms,
+            "accuracy": float(bench.task.evaluate(built.model)),
+            "build_s": built.compress_s + (built.compile_s or 0.0),
+            "method": latency.method,
+        }
+    rows = [measured.get(label) or skipped[label] for label, _ in LEVERS]
     _print(name, batch, rows, time.perf_counter() - start)
     return {"task": name, "batch_size": batch, "environment": bench.fingerprint, "rows": rows}
 

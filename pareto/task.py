@@ -41,6 +41,7 @@ BUILTIN_TASKS: dict[str, str] = {
     "transformer": "pareto.tasks.transformer:make_task",
     "minilm": "pareto.tasks.minilm:make_task",
     "resnet": "pareto.tasks.resnet:make_task",
+    "transformer-large": "pareto.tasks.transformer_large:make_task",
 }
 
 

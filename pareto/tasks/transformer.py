@@ -104,22 +104,24 @@ def make_task() -> Task:
     )
 
 
-def sentences(n: int, *, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``n`` token sequences ``[n, SEQUENCE_LENGTH]`` and their topics, classes balanced, deterministic.
+def sentences(n: int, *, seed: int, length: int = SEQUENCE_LENGTH) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` token sequences ``[n, length]`` and their topics, classes balanced, deterministic.
 
-    Each sentence holds 4-10 topic words among filler words; a topic word belongs to a favoured topic
-    with probability 0.4, else to a topic drawn uniformly. The label is the topic with the most words;
-    sentences with a tie for first are drawn again, so the winning margin is often a single word.
+    Each sentence of 32 tokens holds 4-10 topic words among filler words (a longer one as many per 32
+    tokens); a topic word belongs to a favoured topic with probability 0.4, else to a topic drawn
+    uniformly. The label is the topic with the most words; sentences with a tie for first are drawn
+    again, so the winning margin is often a single word.
     """
+    per_32 = max(1, length // 32)
     rng = random.Random(seed)
     rows: list[list[int]] = []
     labels: list[int] = []
     per_label = [0] * CLASSES
     while len(rows) < n:
         favoured = rng.randrange(CLASSES)
-        tokens = [rng.choice(FILLER) for _ in range(SEQUENCE_LENGTH)]
+        tokens = [rng.choice(FILLER) for _ in range(length)]
         counts = [0] * CLASSES
-        for slot in rng.sample(range(SEQUENCE_LENGTH), rng.randint(4, 10)):
+        for slot in rng.sample(range(length), rng.randint(4, 10) * per_32):
             topic = favoured if rng.random() < 0.4 else rng.randrange(CLASSES)
             tokens[slot] = rng.choice(TOPIC_WORDS[topic])
             counts[topic] += 1
