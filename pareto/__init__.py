@@ -21,10 +21,12 @@ from pareto.api import (
     studies,
     trials,
 )
+from pareto.limits import Limits
 from pareto.task import AttentionShape, Task
 
 __all__ = [
     "AttentionShape",
+    "Limits",
     "Task",
     "best",
     "confirm",

@@ -31,17 +31,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
-
 from pareto._search import quiet_interrupts
 from pareto.errors import NoFeasibleConfiguration, UsageError
 from pareto.frontier import Candidate, Constraints, frontier, objective_metrics, select_best
 from pareto.locks import study_lock
 from pareto.regression import Comparison, compare
 from pareto.spec import NightlySettings, SearchSpec
-from pareto.store import queries
+from pareto.store import queries, trials
 from pareto.store.engine import check_path, open_engine, session_scope, upgrade
-from pareto.store.models import Environment, Measurement, NightlyRun, Study, Trial, utcnow
+from pareto.store.models import Environment, NightlyRun, utcnow
 
 #: Exit codes: sysexits.h's EX_TEMPFAIL for "try again later" (lock held, noisy night).
 EXIT_REGRESSION = 3
@@ -131,13 +129,7 @@ def _holder(engine: Any, study: str) -> str:
     """Who holds the study's nightly lock, from its history row (written right after taking it)."""
     try:
         with session_scope(engine) as session:
-            row = session.scalars(
-                select(NightlyRun)
-                .join(Study)
-                .where(Study.name == study, NightlyRun.status == "running")
-                .order_by(NightlyRun.id.desc())
-                .limit(1)
-            ).one_or_none()
+            row = trials.running_nightly(session, study)
             if row is None:
                 return ""
             return f"host {row.hostname}, pid {row.pid}, since {row.started_at:%Y-%m-%d %H:%M:%S} UTC"
@@ -228,21 +220,14 @@ class _Job:
 
         with session_scope(self.engine) as session:
             study = get_or_create_study(session, self.spec)
-            for dead in session.scalars(
-                select(NightlyRun).where(NightlyRun.study_id == study.id, NightlyRun.status == "running")
-            ):
+            for dead in trials.nightlies_marked_running(session, study.id):
                 dead.status, dead.finished_at = "interrupted", dead.finished_at or utcnow()
                 dead.summary = {**(dead.summary or {}), "interrupted": "its process ended without finishing"}
                 self.notice(
                     f"The nightly started {dead.started_at:%Y-%m-%d %H:%M} UTC on {dead.hostname} (pid {dead.pid}) "
                     "died without finishing; its lock is taken over and its history entry marked interrupted."
                 )
-            last = session.scalars(
-                select(NightlyRun)
-                .where(NightlyRun.study_id == study.id, NightlyRun.status != "running")
-                .order_by(NightlyRun.id.desc())
-                .limit(1)
-            ).one_or_none()
+            last = trials.last_finished_nightly(session, study.id)
             reference = last.environment_id if last is not None else None
             if reference is None:
                 env = queries.choose_environment(session, study, "latest")
@@ -400,14 +385,7 @@ def _measurement_of(bench: Any, study_id: int, number: int, runs: list[int]) -> 
     from pareto.metrics import Metrics
 
     with session_scope(bench.engine) as session:
-        row = session.scalars(
-            select(Measurement)
-            .join(Trial)
-            .where(Trial.study_id == study_id, Trial.optuna_number == number, Measurement.run_id.in_(runs))
-            .order_by(Measurement.id.desc())
-            .limit(1)
-        ).one()
-        return Metrics.from_row(row).to_dict()
+        return Metrics.from_row(trials.measurement_in_runs(session, study_id, number, runs)).to_dict()
 
 
 def _environment_changes(before: Environment | None, now: Environment) -> list[str]:

@@ -15,14 +15,12 @@ import sys
 import threading
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 import optuna
 from optuna.trial import TrialState
-from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from pareto._runs import (
@@ -52,13 +50,15 @@ from pareto.frontier import (
     objective_value,
     select_best,
 )
+from pareto.limits import Limits
 from pareto.metrics import Metrics
 from pareto.samplers import FLAT, make_sampler, space_size, suggest
 from pareto.samplers import grid as grid_of
+from pareto.search_result import SearchResult, TrialOutcome
 from pareto.spec import Range, SearchSpec, Space
-from pareto.store import queries
+from pareto.store import queries, trials
 from pareto.store.engine import check_path, engine_kwargs, open_engine, session_scope, upgrade
-from pareto.store.models import Environment, Measurement, Study, Trial, utcnow
+from pareto.store.models import Environment, Study, Trial, utcnow
 from pareto.task import Task, load_task
 
 HEARTBEAT_INTERVAL_S = 60
@@ -97,37 +97,6 @@ class Quiet:
 
     def confirmed(self, result: ConfirmResult) -> None:
         pass
-
-
-@dataclass
-class TrialOutcome:
-    number: int
-    state: str  # COMPLETE, FAILED, DUPLICATE (a repeat, not counted), PRUNED (rejected early), BUSY
-    description: str
-    metrics: dict[str, Any] = field(default_factory=dict)
-    error: str | None = None
-    repeat_of: int | None = None  # DUPLICATE: the trial that measured (or rejected) this configuration
-    baseline: bool = False  # the uncompressed model
-
-
-@dataclass
-class SearchResult:
-    study: str
-    trials_run: int  # finished in this run: measured, duplicate, busy or failed
-    measured: int  # of those, measured and stored with a measurement
-    interrupted: bool
-    frontier: list[Candidate]
-    best: Candidate | None
-    no_best_reason: str | None
-    constraints: Constraints
-    confirmation: ConfirmResult | None = None
-    busy: int = 0  # trials the contention guard gave up on
-    stopped_busy: bool = False  # the machine stayed busy: the search stopped before its trials ran
-    repeats: int = 0  # proposals of a configuration measured already: answered from the database, not counted
-    rejected: int = 0  # rejected early: the first round of latency missed the SLO with confidence
-    sampler: str = "tpe"
-    #: why the search stopped before --n-trials new configurations (nothing new left), or None
-    exhausted: str | None = None
 
 
 @dataclass
@@ -238,13 +207,8 @@ def _space_for_device(spec: SearchSpec, device: str, reporter: Reporter) -> Sear
 
 
 def constraints_of(spec: SearchSpec) -> Constraints:
-    """The SLOs and budget of a spec as constraints."""
-    return Constraints(
-        p99_ms=spec.slo.p99_ms,
-        min_accuracy=spec.slo.min_accuracy,
-        max_memory_bytes=spec.budget.max_memory,
-        min_throughput_per_s=spec.slo.min_throughput,
-    )
+    """The SLOs and budget of a spec as constraints: what a read of the stored study judges by."""
+    return Limits().constraints(spec.model_dump(mode="json"))
 
 
 def optuna_study(setup: SearchSetup, db_url: str) -> optuna.Study:
@@ -303,9 +267,7 @@ class _StaleTrial:
 
     def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         with session_scope(self.engine) as session:
-            row = session.scalars(
-                select(Trial).where(Trial.study_id == self.study_id, Trial.optuna_number == trial.number)
-            ).one_or_none()
+            row = trials.trial_by_number(session, self.study_id, trial.number)
             if row is not None and row.state == "RUNNING":
                 row.state, row.finished_at = "FAILED", utcnow()
                 row.error = f"its worker stopped (no heartbeat for {self.grace_s} s); retried as a new trial"
@@ -362,7 +324,9 @@ def preflight_baseline(setup: SearchSetup, study: optuna.Study) -> None:
             trial = study.ask()
         config = suggest(trial, setup.batch_sizes, setup.techniques, backends=setup.backends)
         with session_scope(setup.bench.engine) as session:
-            session.add(trial_row(setup, trial.number, config, state="FAILED", error=str(exc), finished_at=utcnow()))
+            trials.add_trial(
+                session, trial_row(setup, trial.number, config, state="FAILED", error=str(exc), finished_at=utcnow())
+            )
         study.tell(trial, state=TrialState.FAIL)
         raise
 
@@ -422,12 +386,7 @@ def _baseline_here(setup: SearchSetup, batch_size: int) -> int | None:
     if trial_id is None:
         return None
     with session_scope(setup.bench.engine) as session:
-        measured_here = session.scalar(
-            select(Measurement.id)
-            .where(Measurement.trial_id == trial_id, Measurement.environment_id == setup.bench.env_id)
-            .limit(1)
-        )
-    return trial_id if measured_here is not None else None
+        return trial_id if trials.measured_in(session, trial_id, setup.bench.env_id) else None
 
 
 def _retime_baseline(setup: SearchSetup, run: RunHandle, trial_id: int, batch_size: int, reporter: Reporter) -> None:
@@ -572,16 +531,7 @@ def _space_size(setup: SearchSetup) -> int | None:
 def _tried_here(setup: SearchSetup) -> int:
     """Distinct configurations of the study measured, rejected early or failed in this environment."""
     with session_scope(setup.bench.engine) as session:
-        return int(
-            session.scalar(
-                select(func.count(func.distinct(Trial.config_key))).where(
-                    Trial.study_id == setup.study_id,
-                    Trial.environment_id == setup.bench.env_id,
-                    Trial.state.in_(("COMPLETE", "PRUNED", "FAILED")),
-                )
-            )
-            or 0
-        )
+        return trials.configurations_tried(session, setup.study_id, setup.bench.env_id)
 
 
 def _wait_for_quiet(run: RunHandle, reporter: Reporter) -> bool:
@@ -776,18 +726,14 @@ class _Objective:
     def _start(self, trial: optuna.Trial, config: Config) -> tuple[int, Twin | None]:
         """Store the trial as RUNNING; when the same configuration was measured here, mark it a duplicate."""
         with session_scope(self.bench.engine) as session:
-            row = trial_row(self.setup, trial.number, config)
-            session.add(row)
-            session.flush()
-            row_id = row.id
+            row_id = trials.add_trial(session, trial_row(self.setup, trial.number, config))
         twin = self._twin(trial, config.key(), row_id)
         if twin is None:
             return row_id, None
         with session_scope(self.bench.engine) as session:
-            stored = session.get(Trial, row_id)
-            assert stored is not None
-            stored.state, stored.finished_at = "DUPLICATE", utcnow()
-            stored.error = f"same configuration as trial {twin.number}; not measured again"
+            trials.finish_trial(
+                session, row_id, "DUPLICATE", f"same configuration as trial {twin.number}; not measured again"
+            )
         return row_id, twin
 
     def _twin(self, trial: optuna.Trial, key: str, row_id: int) -> Twin | None:
@@ -797,23 +743,14 @@ class _Objective:
         deadline = time.monotonic() + TWIN_WAIT_S
         while True:
             with session_scope(self.bench.engine) as session:
-                earlier = _measured_twin(session, self.setup.study_id, self.bench.env_id, key, row_id)
+                study_id, env_id = self.setup.study_id, self.bench.env_id
+                earlier = trials.measured_twin(session, study_id, env_id, key, row_id)
                 if earlier is not None:
                     return Twin(earlier.trial.optuna_number, Metrics.from_row(earlier).to_dict(), None)
                 rejected = _rejected_twin(session, self.setup, key, row_id)
                 if rejected is not None:
                     return rejected
-                running = session.scalar(
-                    select(Trial.id)
-                    .where(
-                        Trial.study_id == self.setup.study_id,
-                        Trial.config_key == key,
-                        Trial.environment_id == self.bench.env_id,
-                        Trial.state == "RUNNING",
-                        Trial.id < row_id,
-                    )
-                    .limit(1)
-                )
+                running = trials.running_twin(session, study_id, env_id, key, row_id)
             if running is None or time.monotonic() > deadline:
                 return None
             time.sleep(TWIN_POLL_S)
@@ -824,9 +761,7 @@ class _Objective:
         state = "BUSY" if isinstance(exc, MachineBusy) else "FAILED"
         reason = str(exc) if isinstance(exc, (TechniqueError, MachineBusy)) else _interrupted(exc)
         with session_scope(self.bench.engine) as session:
-            row = session.get(Trial, row_id)
-            assert row is not None
-            row.state, row.error, row.finished_at = state, reason, utcnow()
+            trials.finish_trial(session, row_id, state, reason)
         self.last = TrialOutcome(trial.number, state, config.describe(), error=reason, baseline=config.is_baseline)
 
     def _reject(self, row_id: int, trial: optuna.Trial, config: Config, exc: Rejected, slo_ms: float) -> None:
@@ -834,9 +769,7 @@ class _Objective:
         P99 constraint that round proves (its lower bound over the SLO), never an accuracy."""
         early = exc.early_latency(slo_ms)
         with session_scope(self.bench.engine) as session:
-            row = session.get(Trial, row_id)
-            assert row is not None
-            row.state, row.error, row.finished_at = "PRUNED", str(exc), utcnow()
+            row = trials.finish_trial(session, row_id, "PRUNED", str(exc))
             row.compress_s, row.compile_s, row.latency_s = exc.compress_s, exc.compile_s, exc.latency.elapsed_s
             row.early_latency = early
         trial.set_user_attr("early_latency", early)
@@ -847,12 +780,10 @@ class _Objective:
 
     def _store(self, row_id: int, result: Any) -> None:
         with session_scope(self.bench.engine) as session:
-            row = session.get(Trial, row_id)
-            assert row is not None
-            row.state, row.finished_at = "COMPLETE", utcnow()
+            row = trials.finish_trial(session, row_id, "COMPLETE", None)
             study = session.get(Study, self.setup.study_id)
             assert study is not None
-            study.updated_at = row.finished_at
+            study.updated_at = row.finished_at or utcnow()
             row.compress_s, row.compile_s = result.compress_s, result.compile_s
             row.latency_s, row.accuracy_s = result.latency_s, result.accuracy_s
             if result.suspect_profile and self.bench.profile is not None and self.bench.profile.calibration_id:
@@ -904,7 +835,7 @@ def _adopt_stored_objectives(session: Session, spec: SearchSpec) -> SearchSpec:
     """Continuing a study without naming objectives keeps the study's own."""
     if "objectives" in spec.model_fields_set:
         return spec
-    row = session.scalars(select(Study).where(Study.name == spec.study_name)).one_or_none()
+    row = trials.study_named(session, spec.study_name)
     if row is None or "objectives" not in row.spec:
         return spec
     return spec.model_copy(update={"objectives": row.spec["objectives"]})
@@ -912,8 +843,8 @@ def _adopt_stored_objectives(session: Session, spec: SearchSpec) -> SearchSpec:
 
 def _stored_sampler(session: Session, study_name: str) -> str | None:
     """The sampler the study's last run used (stored with its spec), or None for a new study."""
-    spec = session.scalar(select(Study.spec).where(Study.name == study_name))
-    return None if spec is None else str((spec.get("search") or {}).get("sampler", "tpe"))
+    row = trials.study_named(session, study_name)
+    return None if row is None else str((row.spec.get("search") or {}).get("sampler", "tpe"))
 
 
 class Twin(NamedTuple):
@@ -931,16 +862,7 @@ def _rejected_twin(session: Session, setup: SearchSetup, key: str, exclude_id: i
     slo = setup.spec.slo.p99_ms
     if slo is None:
         return None
-    rows = session.execute(
-        select(Trial.optuna_number, Trial.early_latency).where(
-            Trial.study_id == setup.study_id,
-            Trial.config_key == key,
-            Trial.environment_id == setup.bench.env_id,
-            Trial.state == "PRUNED",
-            Trial.id != exclude_id,
-        )
-    ).all()
-    for number, early in rows:
+    for number, early in trials.rejected_early(session, setup.study_id, setup.bench.env_id, key, exclude_id):
         lower = (early or {}).get("latency_p99_lower_ms")
         if lower is not None and lower > slo:
             return Twin(number, {}, lower)
@@ -953,16 +875,12 @@ def get_or_create_study(session: Session, spec: SearchSpec) -> Study:
     Raises:
         UsageError: the study exists for another task or other objectives.
     """
-    row = session.scalars(select(Study).where(Study.name == spec.study_name)).one_or_none()
+    row = trials.study_named(session, spec.study_name)
     spec_json = spec.model_dump(mode="json")
     if row is None:
-        try:
-            with session.begin_nested():
-                row = Study(name=spec.study_name, task=spec.task, spec=spec_json)
-                session.add(row)
+        row, created = trials.create_study_row(session, name=spec.study_name, task=spec.task, spec=spec_json)
+        if created:
             return row
-        except IntegrityError:  # created by another worker since the select: use theirs
-            row = session.scalars(select(Study).where(Study.name == spec.study_name)).one()
     if row.task != spec.task:
         raise UsageError(
             f"Study {spec.study_name!r} belongs to task {row.task!r}, not {spec.task!r}; pick another --study name."
@@ -976,24 +894,6 @@ def get_or_create_study(session: Session, spec: SearchSpec) -> Study:
     row.spec = spec_json  # the latest SLO and space; every trial keeps its own config
     row.updated_at = utcnow()
     return row
-
-
-def _measured_twin(session: Session, study_id: int, env_id: int, key: str, exclude_id: int) -> Measurement | None:
-    """The measurement of a completed trial with the same configuration in the same environment."""
-    return session.scalars(
-        select(Measurement)
-        .join(Trial)
-        .where(
-            Trial.study_id == study_id,
-            Trial.config_key == key,
-            Trial.state == "COMPLETE",
-            Measurement.environment_id == env_id,
-            Measurement.kind.in_(("search", "confirm")),
-            Trial.id != exclude_id,
-        )
-        .order_by(Measurement.id.desc())
-        .limit(1)
-    ).one_or_none()
 
 
 def _best_or_none(seen: list[Candidate], constraints: Constraints, study: str) -> Candidate | None:

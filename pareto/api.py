@@ -9,11 +9,8 @@ Example::
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from pareto.errors import NoFeasibleConfiguration, UsageError
@@ -30,6 +27,7 @@ from pareto.frontier import (
     objective_columns,
     objective_metrics,
 )
+from pareto.limits import Limits, slo_ms
 from pareto.slo import (
     DEFAULT_CONFIDENCE,
     DEFAULT_CONTENTION_LIMIT,
@@ -39,9 +37,9 @@ from pareto.slo import (
     MIN_SAMPLES_P99,
 )
 from pareto.store import queries
-from pareto.store.engine import check_path, open_engine, require_schema, resolve_url, session_scope
+from pareto.store.engine import existing_engine, open_engine, read_engine, resolve_url, session_scope
 from pareto.store.models import Environment, Study
-from pareto.units import parse_duration_ms, parse_size_bytes
+from pareto.store.trials import add_calibration
 
 if TYPE_CHECKING:
     from pareto._nightly import NightlyResult
@@ -49,15 +47,7 @@ if TYPE_CHECKING:
     from pareto.spec import NightlySettings, SearchSpec
 
 
-def best(
-    *,
-    study: str | None = None,
-    slo_p99: str | float | None = None,
-    min_accuracy: float | None = None,
-    max_memory: str | int | None = None,
-    environment: str | None = None,
-    db: str | None = None,
-) -> dict[str, Any]:
+def best(limits: Limits | None = None, /, *, db: str | None = None, **keywords: Any) -> dict[str, Any]:
     """The stored configuration with the highest accuracy that meets the SLOs (conservative bounds).
 
     Measurements are compared within one environment only; a trial's confirmed measurement (from
@@ -65,11 +55,9 @@ def best(
     and orders the trials (one indexed query), so the answer does not load the study.
 
     Args:
-        study: Study name; may be omitted when the database holds one study.
-        slo_p99: P99 bound, ``"7ms"`` or milliseconds; defaults to the study's own SLO.
-        min_accuracy: Accuracy floor; defaults to the study's.
-        max_memory: Memory budget (params + activations + KV cache), ``"2GB"`` or bytes; defaults to the study's.
-        environment: ``latest`` (default: where the study was last measured) or an environment key.
+        limits: The study, environment and limits (``pareto.Limits``); or give its fields as keywords:
+            ``study``, ``environment``, ``slo_p99`` (``"7ms"``), ``min_accuracy``, ``max_memory``
+            (``"2GB"``), ``min_throughput`` (``"500/s"``). Limits not given are the study's own.
         db: Database URL; defaults to ``PARETO_DB_URL`` or ``sqlite:///pareto.db``.
 
     Returns:
@@ -80,12 +68,13 @@ def best(
         NoFeasibleConfiguration: nothing stored meets the SLOs (the message names the closest).
         NotFound: no such study. UsageError: unknown environment, malformed SLO, or ``environment="all"``.
     """
-    if environment == "all":
+    asked = Limits.of(limits, **keywords)
+    if asked.environment == "all":
         raise UsageError("A pick compares measurements within one environment; name one with --environment KEY.")
-    given = _constraints(slo_p99, min_accuracy, max_memory)
-    with session_scope(_read_engine(db)) as session:
-        row, env, known = _study_and_environment(session, study, environment)
-        constraints = _with_study_defaults(given, row.spec)
+    asked.given()  # a malformed limit is refused before the database is opened
+    with session_scope(read_engine(db)) as session:
+        row, env, known = _study_and_environment(session, asked)
+        constraints = asked.constraints(row.spec)
         pick = queries.best_candidate(session, row, env, constraints) if env is not None else None
         if pick is None:
             raise _nothing_feasible(session, row, env, constraints)
@@ -94,29 +83,22 @@ def best(
     return result
 
 
-def frontier(
-    *,
-    study: str | None = None,
-    slo_p99: str | float | None = None,
-    min_accuracy: float | None = None,
-    max_memory: str | int | None = None,
-    environment: str | None = None,
-    db: str | None = None,
-) -> list[dict[str, Any]]:
+def frontier(limits: Limits | None = None, /, *, db: str | None = None, **keywords: Any) -> list[dict[str, Any]]:
     """The Pareto frontier (the study's objectives), fastest first, each with its SLO verdict.
 
     With ``environment="all"`` one frontier per environment, the latest first; otherwise the
     frontier of one environment (default: the study's latest). Only the objective columns of every
     trial are read; whole rows only for the frontier's members.
     """
-    given = _constraints(slo_p99, min_accuracy, max_memory)
-    with session_scope(_read_engine(db)) as session:
-        row, env, known = _study_and_environment(session, study, environment)
-        constraints = _with_study_defaults(given, row.spec)
+    asked = Limits.of(limits, **keywords)
+    asked.given()
+    with session_scope(read_engine(db)) as session:
+        row, env, known = _study_and_environment(session, asked)
+        constraints = asked.constraints(row.spec)
         objectives = objective_metrics(row.spec.get("objectives", list(DEFAULT_OBJECTIVE_NAMES)))
         if env is not None:
             groups = [env]
-        elif environment == "all":
+        elif asked.environment == "all":
             found = (queries.choose_environment(session, row, e["key"], known) for e in known)
             groups = [e for e in found if e is not None]
         else:
@@ -131,15 +113,7 @@ def frontier(
     return rows
 
 
-def explain(
-    *,
-    study: str | None = None,
-    slo_p99: str | float | None = None,
-    min_accuracy: float | None = None,
-    max_memory: str | int | None = None,
-    environment: str | None = None,
-    db: str | None = None,
-) -> dict[str, Any]:
+def explain(limits: Limits | None = None, /, *, db: str | None = None, **keywords: Any) -> dict[str, Any]:
     """Why each frontier configuration was or was not chosen for these limits (``pareto.explain``).
 
     Returns:
@@ -153,14 +127,15 @@ def explain(
     """
     from pareto.explanation import NEAREST, explain_choice
 
-    if environment == "all":
+    asked = Limits.of(limits, **keywords)
+    if asked.environment == "all":
         raise UsageError(
             "An explanation compares measurements within one environment; name one with --environment KEY."
         )
-    given = _constraints(slo_p99, min_accuracy, max_memory)
-    with session_scope(_read_engine(db)) as session:
-        row, env, known = _study_and_environment(session, study, environment)
-        constraints = _with_study_defaults(given, row.spec)
+    asked.given()
+    with session_scope(read_engine(db)) as session:
+        row, env, known = _study_and_environment(session, asked)
+        constraints = asked.constraints(row.spec)
         objectives = objective_metrics(row.spec.get("objectives", list(DEFAULT_OBJECTIVE_NAMES)))
         front = fastest_first(_front(session, row, env, objectives)) if env is not None else []
         pick = queries.best_candidate(session, row, env, constraints) if env is not None else None
@@ -211,59 +186,28 @@ def _nearest(
     return found[:count]
 
 
-def _study_and_environment(
-    session: Session, study: str | None, environment: str | None
-) -> tuple[Study, Environment | None, list[dict[str, Any]]]:
-    row: Study = queries.get_study(session, study) if study else queries.default_study(session)
+def _study_and_environment(session: Session, limits: Limits) -> tuple[Study, Environment | None, list[dict[str, Any]]]:
+    row: Study = queries.get_study(session, limits.study) if limits.study else queries.default_study(session)
     known = queries.study_environments(session, row)
-    return row, queries.choose_environment(session, row, environment, known), known
+    return row, queries.choose_environment(session, row, limits.environment, known), known
 
 
-#: Engines of the databases this process reads, kept open across queries (``pareto serve``, loops);
-#: the least recently used is closed beyond ``_ENGINE_CACHE`` of them.
-_ENGINES: OrderedDict[str, Engine] = OrderedDict()
-_ENGINES_LOCK = threading.Lock()
-_ENGINE_CACHE = 8
+#: ``pareto.serve`` reads through the store's engine cache under this older name too.
+_read_engine = read_engine
 
 
-def _read_engine(db: str | None) -> Engine:
-    """An engine on an existing pareto database (never creates one), reused across calls."""
-    url = resolve_url(db)
-    check_path(url, create=False)  # one stat: a SQLite file moved away is an error, never a new empty file
-    with _ENGINES_LOCK:
-        engine = _ENGINES.get(url)
-        if engine is not None:
-            _ENGINES.move_to_end(url)
-            return engine
-    engine = open_engine(url, create=False)
-    require_schema(engine)
-    with _ENGINES_LOCK:
-        _ENGINES[url] = engine
-        while len(_ENGINES) > _ENGINE_CACHE:
-            _, old = _ENGINES.popitem(last=False)
-            old.dispose()
-    return engine
-
-
-def trials(
-    *,
-    study: str | None = None,
-    slo_p99: str | float | None = None,
-    min_accuracy: float | None = None,
-    max_memory: str | int | None = None,
-    environment: str | None = None,
-    db: str | None = None,
-) -> list[dict[str, Any]]:
+def trials(limits: Limits | None = None, /, *, db: str | None = None, **keywords: Any) -> list[dict[str, Any]]:
     """Every completed trial of a study measured in one environment (default: the latest), in trial
     order, each with its SLO judgement (``slo``) and its preferred measurement (confirmed first).
 
     With ``environment="all"`` each trial once per environment it was measured in.
     """
-    given = _constraints(slo_p99, min_accuracy, max_memory)
-    with session_scope(_read_engine(db)) as session:
-        row, env, known = _study_and_environment(session, study, environment)
-        constraints = _with_study_defaults(given, row.spec)
-        found = queries.candidates(session, row, env) if env is not None or environment == "all" else []
+    asked = Limits.of(limits, **keywords)
+    asked.given()
+    with session_scope(read_engine(db)) as session:
+        row, env, known = _study_and_environment(session, asked)
+        constraints = asked.constraints(row.spec)
+        found = queries.candidates(session, row, env) if env is not None or asked.environment == "all" else []
         note = _environment_note(row.name, env.key if env else None, known)
     result = []
     for c in found:
@@ -275,7 +219,7 @@ def trials(
 
 def studies(*, db: str | None = None) -> list[dict[str, Any]]:
     """Every study in the database with its trial counts."""
-    with session_scope(_read_engine(db)) as session:
+    with session_scope(read_engine(db)) as session:
         return queries.study_summaries(session)
 
 
@@ -332,8 +276,7 @@ def create_study(spec: SearchSpec, *, db: str | None = None) -> str:
 
 def history(*, study: str | None = None, db: str | None = None) -> list[dict[str, Any]]:
     """Every nightly run of a study, oldest first: status, pick before and after, regressions."""
-    engine = open_engine(resolve_url(db), create=False)
-    require_schema(engine)
+    engine = existing_engine(resolve_url(db))
     with session_scope(engine) as session:
         row = queries.get_study(session, study) if study else queries.default_study(session)
         return queries.nightly_history(session, row)
@@ -346,8 +289,7 @@ def delete_study(name: str, *, db: str | None = None) -> dict[str, Any]:
         UsageError: no such study.
     """
     url = resolve_url(db)
-    engine = open_engine(url, create=False)
-    require_schema(engine)
+    engine = existing_engine(url)
     with session_scope(engine) as session:
         removed = queries.delete_study(session, name)
     removed["optuna"] = _delete_optuna_study(name, url)
@@ -368,24 +310,6 @@ def _delete_optuna_study(name: str, url: str) -> str:
     return "deleted"
 
 
-def _constraints(slo_p99: str | float | None, min_accuracy: float | None, max_memory: str | int | None) -> Constraints:
-    memory = parse_size_bytes(max_memory) if isinstance(max_memory, str) else max_memory
-    if memory is not None and not memory > 0:
-        raise UsageError(f"A memory budget must be positive, got {max_memory!r}; write it like '512MiB'.")
-    return Constraints(p99_ms=_duration(slo_p99), min_accuracy=min_accuracy, max_memory_bytes=memory)
-
-
-def _with_study_defaults(given: Constraints, spec: dict[str, Any]) -> Constraints:
-    """What the caller did not say comes from the study's stored SLO and budget."""
-    slo, budget = spec.get("slo", {}), spec.get("budget", {})
-    return Constraints(
-        p99_ms=given.p99_ms if given.p99_ms is not None else slo.get("p99"),
-        min_accuracy=given.min_accuracy if given.min_accuracy is not None else slo.get("min_accuracy"),
-        max_memory_bytes=given.max_memory_bytes if given.max_memory_bytes is not None else budget.get("max_memory"),
-        min_throughput_per_s=slo.get("min_throughput"),
-    )
-
-
 def _environment_note(study: str, used: str | None, known: list[dict[str, Any]]) -> dict[str, Any]:
     """How many environments the study holds and, with several, which one is used and how to pick another."""
     note: dict[str, Any] = {"study_environments": len(known)}
@@ -399,28 +323,16 @@ def _environment_note(study: str, used: str | None, known: list[dict[str, Any]])
     return note
 
 
-def _duration(value: str | float | None) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return parse_duration_ms(value)
-    if not value > 0:
-        raise UsageError(f"P99 SLO {value!r} ms must be positive.")
-    return float(value)
-
-
 def confirm(
+    limits: Limits | None = None,
+    /,
     *,
-    study: str | None = None,
-    slo_p99: str | float | None = None,
-    min_accuracy: float | None = None,
-    max_memory: str | int | None = None,
     top: int = 3,
     margin: float = 1.5,
-    environment: str | None = None,
     device: str | None = None,
     threads: int | None = None,
     db: str | None = None,
+    **keywords: Any,
 ) -> dict[str, Any]:
     """Re-measure a study's best feasible and near-feasible configurations with the baseline.
 
@@ -433,6 +345,8 @@ def confirm(
         ``{"study", "run", "environment", "guard", "note", "items"}``: each item with its trial,
         description, latency before and after, and P99 verdict before and after.
 
+    ``limits`` (or its fields as keywords: ``study``, ``environment``, ``slo_p99``…) as ``best`` takes them.
+
     Raises:
         UsageError: unknown study, bad SLO, ``top < 1`` or ``margin < 1``.
     """
@@ -440,19 +354,19 @@ def confirm(
     from pareto.confirmation import confirm_study
     from pareto.task import load_task
 
+    asked = Limits.of(limits, **keywords)
     if top < 1 or not margin >= 1:
         raise UsageError(f"--top must be at least 1 and --margin at least 1, got {top} and {margin}.")
-    if environment == "all":
+    if asked.environment == "all":
         raise UsageError("Confirmation compares measurements within one environment; name one with --environment KEY.")
     url = resolve_url(db)
-    engine = open_engine(url, create=False)
-    require_schema(engine)
+    engine = existing_engine(url)
     with session_scope(engine) as session:
-        row = queries.get_study(session, study) if study else queries.default_study(session)
+        row = queries.get_study(session, asked.study) if asked.study else queries.default_study(session)
         name, task_name, spec = row.name, row.task, row.spec
-    constraints = _with_study_defaults(_constraints(slo_p99, min_accuracy, max_memory), spec)
+    constraints = asked.constraints(spec)
     bench = open_bench(url, load_task(task_name), _stored_measure(spec, device, threads), with_profile=False)
-    result = confirm_study(bench, name, constraints, top=top, margin=margin, environment=environment)
+    result = confirm_study(bench, name, constraints, top=top, margin=margin, environment=asked.environment)
     return result.to_dict()
 
 
@@ -513,7 +427,7 @@ def measure(
     from pareto.naming import BACKENDS
     from pareto.task import load_task
 
-    p99_ms = _duration(slo_p99)
+    p99_ms = slo_ms(slo_p99)
     if batch_size is not None and batch_size < 1:
         raise UsageError(f"Batch size must be at least 1, got {batch_size}.")
     chosen = tuple(parse_technique_option(option) for option in techniques)
@@ -627,13 +541,12 @@ def remeasure(
     from pareto.task import load_task
 
     url = resolve_url(db)
-    engine = open_engine(url, create=False)
-    require_schema(engine)
+    engine = existing_engine(url)
     with session_scope(engine) as session:
         row = queries.get_study(session, study) if study else queries.default_study(session)
         trial_id, stored = queries.trial_measurements(session, row, trial)
         name, task_name, spec, study_id = row.name, row.task, row.spec, row.id
-    p99_ms = _duration(slo_p99) if slo_p99 is not None else spec.get("slo", {}).get("p99")
+    p99_ms = slo_ms(slo_p99) if slo_p99 is not None else spec.get("slo", {}).get("p99")
     task = load_task(task_name)
     return _remeasure(url, task, study_id, name, (trial, trial_id), stored, p99_ms, device)
 
@@ -790,8 +703,7 @@ def _profile_for(hardware: str | None, db: str | None, env: dict[str, Any]) -> A
     calibration = None
     if hardware in {"auto", "host"}:
         try:
-            engine = open_engine(resolve_url(db), create=False)
-            require_schema(engine)
+            engine = read_engine(db)
             with session_scope(engine) as session:
                 calibration = queries.host_calibration(session, env)[0]
         except StoreError:
@@ -811,7 +723,6 @@ def calibrate(
     from pareto.measure.calibrate import calibrate as run
     from pareto.measure.environment import fingerprint
     from pareto.store.engine import upgrade
-    from pareto.store.models import HardwareCalibration
 
     resolved = resolve_device(device)
     import torch
@@ -823,13 +734,12 @@ def calibrate(
     env = fingerprint(resolved, used_threads)
     with session_scope(engine) as session:
         env_id = queries.environment_id(session, env)
-        session.add(
-            HardwareCalibration(
-                environment_id=env_id,
-                peak_flops=dict(profile.peak_flops),
-                memory_bandwidth_bytes_per_s=profile.memory_bandwidth_bytes_per_s,
-                method=profile.method or "",
-            )
+        add_calibration(
+            session,
+            env_id,
+            peak_flops=dict(profile.peak_flops),
+            bandwidth=profile.memory_bandwidth_bytes_per_s,
+            method=profile.method or "",
         )
     return {**profile.to_dict(), "environment": env}
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib import resources
@@ -159,6 +161,44 @@ def require_schema(engine: Engine) -> None:
             f"Database {_safe(str(engine.url))} is at schema revision {revision or 'none'} and this pareto reads "
             f"{HEAD_REVISION}; migrate it with 'pareto db upgrade --db URL' (any 'pareto search' does it too)."
         )
+
+
+def existing_engine(url: str) -> Engine:
+    """A new engine on an existing pareto database at this code's revision (never creates one).
+
+    Raises:
+        DatabasePathError: no SQLite file there. StoreError: unreachable, no pareto tables, or
+            another schema revision.
+    """
+    engine = open_engine(url, create=False)
+    require_schema(engine)
+    return engine
+
+
+#: Engines of the databases this process reads, kept open across queries (``pareto serve``, loops);
+#: the least recently used is closed beyond ``ENGINE_CACHE`` of them.
+_ENGINES: OrderedDict[str, Engine] = OrderedDict()
+_ENGINES_LOCK = threading.Lock()
+ENGINE_CACHE = 8
+
+
+def read_engine(db: str | None) -> Engine:
+    """An engine on an existing pareto database (never creates one), reused across calls: the read
+    side's one engine cache (``db`` as ``--db`` takes it; None for $PARETO_DB or the default)."""
+    url = resolve_url(db)
+    check_path(url, create=False)  # one stat: a SQLite file moved away is an error, never a new empty file
+    with _ENGINES_LOCK:
+        engine = _ENGINES.get(url)
+        if engine is not None:
+            _ENGINES.move_to_end(url)
+            return engine
+    engine = existing_engine(url)
+    with _ENGINES_LOCK:
+        _ENGINES[url] = engine
+        while len(_ENGINES) > ENGINE_CACHE:
+            _, old = _ENGINES.popitem(last=False)
+            old.dispose()
+    return engine
 
 
 @contextmanager

@@ -1,0 +1,201 @@
+"""The write side's statements: studies, trials, measurements, calibrations and nightly runs.
+
+What the search, the bench and the nightly job read and write while they run, each a function of a
+session (the caller owns the transaction, as in ``queries``). ``queries`` answers the read side (the
+frontier, the pick, reports); this module answers "has this configuration been measured here", "which
+trial is the baseline", "start this run's row". No statement is written outside ``pareto/store/``
+(and the advisory locks of ``pareto.locks``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from pareto.store.models import HardwareCalibration, Measurement, NightlyRun, Study, Trial, utcnow
+
+#: The states of a trial that gave a verdict on its configuration in an environment.
+VERDICT_STATES = ("COMPLETE", "PRUNED", "FAILED")
+
+
+# --- studies -------------------------------------------------------------------------------------
+
+
+def study_named(session: Session, name: str) -> Study | None:
+    """The study's row, or None."""
+    return session.scalars(select(Study).where(Study.name == name)).one_or_none()
+
+
+def create_study_row(session: Session, *, name: str, task: str, spec: dict[str, Any]) -> tuple[Study, bool]:
+    """A new study's row and True; when another worker created it since the caller looked, theirs and False."""
+    try:
+        with session.begin_nested():
+            row = Study(name=name, task=task, spec=spec)
+            session.add(row)
+        return row, True
+    except IntegrityError:  # created by another worker since the caller's select: use theirs
+        return session.scalars(select(Study).where(Study.name == name)).one(), False
+
+
+# --- trials --------------------------------------------------------------------------------------
+
+
+def add_trial(session: Session, row: Trial) -> int:
+    """Store a new trial row; its id."""
+    session.add(row)
+    session.flush()
+    return row.id
+
+
+def trial_by_number(session: Session, study_id: int, number: int) -> Trial | None:
+    """The study's trial with Optuna's ``number``, or None."""
+    return session.scalars(select(Trial).where(Trial.study_id == study_id, Trial.optuna_number == number)).one_or_none()
+
+
+def finish_trial(session: Session, trial_id: int, state: str, error: str | None) -> Trial:
+    """Set a trial's final state (and its reason), stamped now; the row."""
+    row = session.get(Trial, trial_id)
+    assert row is not None, f"trial {trial_id} is not stored"
+    row.state, row.error, row.finished_at = state, error, utcnow()
+    return row
+
+
+def baseline_trials(session: Session, study_id: int, batch_size: int) -> Sequence[Trial]:
+    """The study's completed baseline trials at ``batch_size``, oldest first."""
+    return session.scalars(
+        select(Trial)
+        .where(Trial.study_id == study_id, Trial.is_baseline, Trial.state == "COMPLETE", Trial.batch_size == batch_size)
+        .order_by(Trial.id)
+    ).all()
+
+
+def configurations_tried(session: Session, study_id: int, env_id: int) -> int:
+    """Distinct configurations of the study measured, rejected early or failed in this environment."""
+    count = session.scalar(
+        select(func.count(func.distinct(Trial.config_key))).where(
+            Trial.study_id == study_id, Trial.environment_id == env_id, Trial.state.in_(VERDICT_STATES)
+        )
+    )
+    return int(count or 0)
+
+
+def running_twin(session: Session, study_id: int, env_id: int, key: str, before_id: int) -> int | None:
+    """A trial of the same configuration in this environment, started earlier and still running."""
+    return session.scalar(
+        select(Trial.id)
+        .where(
+            Trial.study_id == study_id,
+            Trial.config_key == key,
+            Trial.environment_id == env_id,
+            Trial.state == "RUNNING",
+            Trial.id < before_id,
+        )
+        .limit(1)
+    )
+
+
+def rejected_early(
+    session: Session, study_id: int, env_id: int, key: str, exclude_id: int
+) -> list[tuple[int, dict[str, Any] | None]]:
+    """``(number, early latency)`` of the trials of this configuration rejected early in this environment."""
+    rows = session.execute(
+        select(Trial.optuna_number, Trial.early_latency).where(
+            Trial.study_id == study_id,
+            Trial.config_key == key,
+            Trial.environment_id == env_id,
+            Trial.state == "PRUNED",
+            Trial.id != exclude_id,
+        )
+    ).all()
+    return [(number, early) for number, early in rows]
+
+
+# --- measurements --------------------------------------------------------------------------------
+
+
+def measurements_of(session: Session, trial_id: int) -> Sequence[Measurement]:
+    """A trial's measurements, oldest first."""
+    return session.scalars(select(Measurement).where(Measurement.trial_id == trial_id).order_by(Measurement.id)).all()
+
+
+def measured_in(session: Session, trial_id: int, env_id: int) -> bool:
+    """Whether the trial has a measurement taken in this environment."""
+    found = session.scalar(
+        select(Measurement.id).where(Measurement.trial_id == trial_id, Measurement.environment_id == env_id).limit(1)
+    )
+    return found is not None
+
+
+def measured_twin(session: Session, study_id: int, env_id: int, key: str, exclude_id: int) -> Measurement | None:
+    """The latest search or confirmation measurement of a completed trial with this configuration here."""
+    return session.scalars(
+        select(Measurement)
+        .join(Trial)
+        .where(
+            Trial.study_id == study_id,
+            Trial.config_key == key,
+            Trial.state == "COMPLETE",
+            Measurement.environment_id == env_id,
+            Measurement.kind.in_(("search", "confirm")),
+            Trial.id != exclude_id,
+        )
+        .order_by(Measurement.id.desc())
+        .limit(1)
+    ).one_or_none()
+
+
+def measurement_in_runs(session: Session, study_id: int, number: int, runs: list[int]) -> Measurement:
+    """The latest measurement of trial ``number`` taken by one of ``runs``."""
+    return session.scalars(
+        select(Measurement)
+        .join(Trial)
+        .where(Trial.study_id == study_id, Trial.optuna_number == number, Measurement.run_id.in_(runs))
+        .order_by(Measurement.id.desc())
+        .limit(1)
+    ).one()
+
+
+def add_calibration(
+    session: Session, env_id: int, *, peak_flops: dict[str, float], bandwidth: float, method: str
+) -> None:
+    """Keep a measured hardware profile for an environment."""
+    session.add(
+        HardwareCalibration(
+            environment_id=env_id, peak_flops=peak_flops, memory_bandwidth_bytes_per_s=bandwidth, method=method
+        )
+    )
+
+
+# --- nightly runs --------------------------------------------------------------------------------
+
+
+def running_nightly(session: Session, study: str) -> NightlyRun | None:
+    """The study's latest nightly run still marked running, or None."""
+    return session.scalars(
+        select(NightlyRun)
+        .join(Study)
+        .where(Study.name == study, NightlyRun.status == "running")
+        .order_by(NightlyRun.id.desc())
+        .limit(1)
+    ).one_or_none()
+
+
+def nightlies_marked_running(session: Session, study_id: int) -> Sequence[NightlyRun]:
+    """The study's nightly runs still marked running (under the study's lock: each one's process died)."""
+    return session.scalars(
+        select(NightlyRun).where(NightlyRun.study_id == study_id, NightlyRun.status == "running")
+    ).all()
+
+
+def last_finished_nightly(session: Session, study_id: int) -> NightlyRun | None:
+    """The study's latest nightly run that ended (whatever its status), or None."""
+    return session.scalars(
+        select(NightlyRun)
+        .where(NightlyRun.study_id == study_id, NightlyRun.status != "running")
+        .order_by(NightlyRun.id.desc())
+        .limit(1)
+    ).one_or_none()
