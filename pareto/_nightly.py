@@ -22,7 +22,6 @@ import json
 import os
 import signal
 import socket
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -31,9 +30,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from pareto._search import quiet_interrupts
-from pareto.errors import NoFeasibleConfiguration, UsageError
-from pareto.frontier import Candidate, Constraints, frontier, objective_metrics, select_best
+from pareto._signals import handled
+from pareto.errors import UsageError
+from pareto.frontier import Candidate, Constraints, best_or_none, frontier, objective_metrics
 from pareto.locks import study_lock
 from pareto.regression import Comparison, compare
 from pareto.spec import NightlySettings, SearchSpec
@@ -111,18 +110,8 @@ class _Terminated:
 
     @contextmanager
     def installed(self) -> Iterator[_Terminated]:
-        try:
-            previous = signal.signal(signal.SIGTERM, self._handle)
-        except ValueError:  # not the main thread
+        with handled(self._handle, signal.SIGTERM):
             yield self
-            return
-        hook = sys.unraisablehook
-        sys.unraisablehook = quiet_interrupts(hook)
-        try:
-            yield self
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-            sys.unraisablehook = hook
 
 
 def _holder(engine: Any, study: str) -> str:
@@ -172,7 +161,7 @@ class _Job:
 
     def _run(self, bench: Any, study_id: int, row_id: int, reference: int | None) -> NightlyResult:
         before = _load(bench, study_id, reference)
-        pick_before = _pick(before, self.constraints, self.spec.study_name)
+        pick_before = best_or_none(before, self.constraints, study=self.spec.study_name)
         front_before = frontier(before, objective_metrics(self.spec.objectives))
         comparisons, noisy = self._remeasure(bench, study_id, pick_before, front_before)
         self.terminated.check()
@@ -181,7 +170,7 @@ class _Job:
         trials_run, stopped_busy = self._search_on()
         self.terminated.check()
         after = _load(bench, study_id, bench.env_id)
-        pick_after = _pick(after, self.constraints, self.spec.study_name)
+        pick_after = best_or_none(after, self.constraints, study=self.spec.study_name)
         front_after = frontier(after, objective_metrics(self.spec.objectives))
         pick_comparison = next((c for c in comparisons if pick_before and c.trial == pick_before.trial), None)
         regression = pick_comparison is not None and pick_comparison.regression
@@ -216,7 +205,7 @@ class _Job:
 
     def _open_history(self, bench: Any) -> tuple[int, int, int | None]:
         """Mark dead jobs interrupted, find the environment compared with, and start this job's row."""
-        from pareto._search import get_or_create_study
+        from pareto._studies import get_or_create_study
 
         with session_scope(self.engine) as session:
             study = get_or_create_study(session, self.spec)
@@ -371,13 +360,6 @@ def _load(bench: Any, study_id: int, env_id: int | None) -> list[Candidate]:
     from pareto.confirmation import load_candidates
 
     return load_candidates(bench, study_id, env_id) if env_id is not None else []
-
-
-def _pick(candidates: list[Candidate], constraints: Constraints, study: str) -> Candidate | None:
-    try:
-        return select_best(candidates, constraints, study=study)
-    except NoFeasibleConfiguration:
-        return None
 
 
 def _measurement_of(bench: Any, study_id: int, number: int, runs: list[int]) -> dict[str, Any]:

@@ -12,12 +12,10 @@ import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import select
-
 from pareto.metrics import Metrics
-from pareto.store import queries
+from pareto.store import queries, trials
 from pareto.store.engine import open_engine, session_scope, upgrade
-from pareto.store.models import Measurement, Run, Trial, utcnow
+from pareto.store.models import Measurement, Run, utcnow
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -236,9 +234,7 @@ def store_measurement(bench: Bench, run: RunHandle, trial_id: int, metrics: Metr
 def stored_metrics(bench: Bench, trial_id: int) -> Metrics | None:
     """A trial's stored metrics: from this environment when it was measured here, else any other."""
     with session_scope(bench.engine) as session:
-        rows = session.scalars(
-            select(Measurement).where(Measurement.trial_id == trial_id).order_by(Measurement.id)
-        ).all()
+        rows = trials.measurements_of(session, trial_id)
         here = [m for m in rows if m.environment_id == bench.env_id]
         chosen = here or list(rows)
         return Metrics.from_row(chosen[-1]) if chosen else None
@@ -247,13 +243,7 @@ def stored_metrics(bench: Bench, trial_id: int) -> Metrics | None:
 def baseline_trial(bench: Bench, study_id: int, batch_size: int) -> int | None:
     """The id of the study's completed baseline trial at ``batch_size``, preferring this environment."""
     with session_scope(bench.engine) as session:
-        rows = session.scalars(
-            select(Trial)
-            .where(
-                Trial.study_id == study_id, Trial.is_baseline, Trial.state == "COMPLETE", Trial.batch_size == batch_size
-            )
-            .order_by(Trial.id)
-        ).all()
+        rows = trials.baseline_trials(session, study_id, batch_size)
         here = [t for t in rows if t.environment_id == bench.env_id]
         chosen = here or list(rows)
         return chosen[0].id if chosen else None

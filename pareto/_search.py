@@ -9,10 +9,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import os
-import signal
-import sys
-import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -20,7 +16,6 @@ from typing import Any, NamedTuple, Protocol
 
 import optuna
 from optuna.trial import TrialState
-from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from pareto._runs import (
@@ -34,15 +29,24 @@ from pareto._runs import (
     stored_metrics,
     time_together,
 )
+from pareto._signals import StopOnInterrupt
+from pareto._studies import (
+    adopt_stored_objectives,
+    directions,
+    fail_stale_trials,
+    get_or_create_study,
+    optuna_storage,
+    stored_sampler,
+)
 from pareto.assess import Rejected, assess, preflight, remeasured, round_plan
 from pareto.compress import BACKENDS, Backend, Config, backend_reason, get_technique
 from pareto.compress.pipeline import technique_reason
 from pareto.confirmation import ConfirmResult, confirm_pick, load_candidates
 from pareto.errors import BaselineFailed, MachineBusy, NoFeasibleConfiguration, TechniqueError, UsageError
 from pareto.frontier import (
-    DEFAULT_OBJECTIVE_NAMES,
     Candidate,
     Constraints,
+    best_or_none,
     constraint_gaps,
     frontier,
     judged,
@@ -57,11 +61,10 @@ from pareto.samplers import grid as grid_of
 from pareto.search_result import SearchResult, TrialOutcome
 from pareto.spec import Range, SearchSpec, Space
 from pareto.store import queries, trials
-from pareto.store.engine import check_path, engine_kwargs, open_engine, session_scope, upgrade
+from pareto.store.engine import check_path, session_scope
 from pareto.store.models import Environment, Study, Trial, utcnow
 from pareto.task import Task, load_task
 
-HEARTBEAT_INTERVAL_S = 60
 #: After a trial the contention guard gave up on, wait this long at most for the machine to quiet
 #: down before the next trial; still busy then, the search stops (trials stored, exit code 75).
 BUSY_WAIT_S = 120.0
@@ -125,7 +128,7 @@ def run_search(spec: SearchSpec, *, db_url: str, reporter: Reporter | None = Non
     check_path(db_url)  # before a task that may train for a while
     setup = prepare(spec, db_url, reporter)
     study = optuna_study(setup, db_url)
-    _fail_stale_trials(study)  # a dead worker's trial: failed and queued again before this run starts
+    fail_stale_trials(study)  # a dead worker's trial: failed and queued again before this run starts
     preflight_baseline(setup, study)
     run = start_run(setup.bench, kind="search", study_id=setup.study_id)
     _time_baselines(setup, run, study, reporter)
@@ -164,8 +167,8 @@ def prepare(spec: SearchSpec, db_url: str, reporter: Reporter) -> SearchSetup:
     for name, reason in skipped:
         reporter.notice(f"Skipping technique {name}: {reason}")
     with session_scope(bench.engine) as session:
-        spec = _adopt_stored_objectives(session, spec)
-        previous = _stored_sampler(session, spec.study_name)
+        spec = adopt_stored_objectives(session, spec)
+        previous = stored_sampler(session, spec.study_name)
         study_row = get_or_create_study(session, spec)
         study_id, stored = study_row.id, len(study_row.trials)
     if previous is not None and previous != spec.search.sampler:
@@ -225,84 +228,12 @@ def optuna_study(setup: SearchSetup, db_url: str) -> optuna.Study:
     study = optuna.create_study(
         study_name=setup.spec.study_name,
         storage=optuna_storage(db_url, setup.bench.engine, setup.study_id),
-        directions=_directions(setup.spec),
+        directions=directions(setup.spec),
         sampler=sampler,
         load_if_exists=True,
     )
     study.set_user_attr("pareto_sampler", search.sampler)  # shown by optuna-dashboard beside the trials
     return study
-
-
-def _directions(spec: SearchSpec) -> list[optuna.study.StudyDirection]:
-    up, down = optuna.study.StudyDirection.MAXIMIZE, optuna.study.StudyDirection.MINIMIZE
-    return [up if maximize else down for _, maximize in objective_metrics(spec.objectives)]
-
-
-def heartbeat_interval_s() -> int:
-    """Seconds between a worker's heartbeats (``PARETO_HEARTBEAT_S``; tests shorten it)."""
-    return max(1, int(os.environ.get("PARETO_HEARTBEAT_S") or HEARTBEAT_INTERVAL_S))
-
-
-def optuna_storage(db_url: str, engine: Engine, study_id: int) -> optuna.storages.RDBStorage:
-    """Optuna's storage on the same database, with heartbeats: a trial whose worker died (kill -9, a
-    lost node) is failed by the next worker that starts a trial, in Optuna's table and in ours, and
-    retried once as a new trial with the same parameters."""
-    interval = heartbeat_interval_s()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.storages.RDBStorage(
-            db_url,
-            engine_kwargs=engine_kwargs(db_url),
-            heartbeat_interval=interval,
-            grace_period=2 * interval,
-            heartbeat_stale_trial_callback=_StaleTrial(engine, study_id, 2 * interval),
-        )
-
-
-class _StaleTrial:
-    """Optuna's ``heartbeat_stale_trial_callback``: a trial whose worker stopped beating."""
-
-    def __init__(self, engine: Engine, study_id: int, grace_s: int) -> None:
-        self.engine, self.study_id, self.grace_s = engine, study_id, grace_s
-
-    def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        with session_scope(self.engine) as session:
-            row = trials.trial_by_number(session, self.study_id, trial.number)
-            if row is not None and row.state == "RUNNING":
-                row.state, row.finished_at = "FAILED", utcnow()
-                row.error = f"its worker stopped (no heartbeat for {self.grace_s} s); retried as a new trial"
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            optuna.storages.RetryFailedTrialCallback(max_retry=1)(study, trial)
-
-
-def _fail_stale_trials(study: optuna.Study) -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        optuna.storages.fail_stale_trials(study)
-
-
-def create_study(spec: SearchSpec, *, db_url: str) -> str:
-    """Create the study (pareto's row and Optuna's, with its directions) before any worker starts:
-    workers that race to create one study is a known failure of Optuna's RDB storage.
-
-    Returns:
-        The study's name. An existing study is checked against the spec (task, objectives) and kept.
-    """
-    check_path(db_url)
-    engine = open_engine(db_url)
-    upgrade(engine)
-    with session_scope(engine) as session:
-        spec = _adopt_stored_objectives(session, spec)
-        study_id = get_or_create_study(session, spec).id
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
-    optuna.create_study(
-        study_name=spec.study_name,
-        storage=optuna_storage(db_url, engine, study_id),
-        directions=_directions(spec),
-        load_if_exists=True,
-    )
-    return spec.study_name
 
 
 def preflight_baseline(setup: SearchSetup, study: optuna.Study) -> None:
@@ -440,7 +371,7 @@ def _optimize(setup: SearchSetup, run: RunHandle, study: optuna.Study, reporter:
         stored=setup.stored,
     )
     try:
-        with _StopOnInterrupt(study, reporter) as stop:
+        with StopOnInterrupt(study, reporter) as stop:
             study.optimize(
                 objective,
                 n_trials=None,  # the callback stops the study: repeats do not count
@@ -476,7 +407,7 @@ class _AfterTrial:
         name = self.setup.spec.study_name
         if outcome.state == "COMPLETE":
             self.seen.append(Candidate(name, outcome.number, {}, outcome.description, dict(outcome.metrics), {}))
-        self.reporter.trial_done(outcome, _best_or_none(self.seen, self.setup.constraints, name))
+        self.reporter.trial_done(outcome, best_or_none(self.seen, self.setup.constraints, study=name))
         if outcome.state == "FAILED" and outcome.baseline:
             self.loop.baseline_failed = (
                 f"Trial {outcome.number}, the uncompressed model ({outcome.description}), failed: "
@@ -608,56 +539,6 @@ def search_result(
     )
 
 
-def quiet_interrupts(hook: Any) -> Any:
-    """An ``sys.unraisablehook`` that drops a KeyboardInterrupt Python could not raise (it landed in
-    a finalizer): the stop it stands for is kept in a flag, and the user sees no traceback."""
-
-    def unraisable(info: Any) -> None:
-        if not isinstance(info.exc_value, KeyboardInterrupt):
-            hook(info)
-
-    return unraisable
-
-
-class _StopOnInterrupt:
-    """First Ctrl-C: finish the trial in progress, then stop. Second Ctrl-C, or SIGTERM (systemd
-    stopping a service, Kubernetes ending a pod): abandon it at once.
-
-    A KeyboardInterrupt raised at an arbitrary point can land in a finalizer during garbage
-    collection, where Python prints and swallows it; the stop requested first cannot be lost.
-    """
-
-    def __init__(self, study: optuna.Study, reporter: Reporter) -> None:
-        self.study, self.reporter = study, reporter
-        self.requested = False
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> _StopOnInterrupt:
-        if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                self._previous[signum] = signal.signal(signum, self._handle)
-            self._hook = sys.unraisablehook
-            sys.unraisablehook = quiet_interrupts(self._hook)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for signum, previous in self._previous.items():
-            signal.signal(signum, previous)
-        if self._previous:
-            sys.unraisablehook = self._hook
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        already = self.requested
-        self.requested = True
-        self.study.stop()
-        if already or signum == signal.SIGTERM:
-            raise KeyboardInterrupt
-
-    def after_trial(self, _study: optuna.Study, _trial: optuna.trial.FrozenTrial) -> None:
-        if self.requested:
-            self.reporter.notice("Ctrl-C: stopped after the trial in progress.")
-
-
 class _Objective:
     """One Optuna trial: suggest, answer a repeat from the database or measure, store, report."""
 
@@ -754,7 +635,7 @@ class _Objective:
             if running is None or time.monotonic() > deadline:
                 return None
             time.sleep(TWIN_POLL_S)
-            _fail_stale_trials(trial.study)  # a twin whose worker died is failed (and retried) here
+            fail_stale_trials(trial.study)  # a twin whose worker died is failed (and retried) here
 
     def _end(self, row_id: int, trial: optuna.Trial, config: Config, exc: BaseException) -> None:
         """A trial that did not complete: FAILED with its reason, or BUSY (no verdict, never shown to the sampler)."""
@@ -831,22 +712,6 @@ def _objective_value(metrics: dict[str, Any], metric: str) -> float:
     return value
 
 
-def _adopt_stored_objectives(session: Session, spec: SearchSpec) -> SearchSpec:
-    """Continuing a study without naming objectives keeps the study's own."""
-    if "objectives" in spec.model_fields_set:
-        return spec
-    row = trials.study_named(session, spec.study_name)
-    if row is None or "objectives" not in row.spec:
-        return spec
-    return spec.model_copy(update={"objectives": row.spec["objectives"]})
-
-
-def _stored_sampler(session: Session, study_name: str) -> str | None:
-    """The sampler the study's last run used (stored with its spec), or None for a new study."""
-    row = trials.study_named(session, study_name)
-    return None if row is None else str((row.spec.get("search") or {}).get("sampler", "tpe"))
-
-
 class Twin(NamedTuple):
     """An earlier trial of the same configuration here: its number, its stored metrics ({} when it was
     rejected early), and then the P99 lower bound that rejected it."""
@@ -867,40 +732,6 @@ def _rejected_twin(session: Session, setup: SearchSetup, key: str, exclude_id: i
         if lower is not None and lower > slo:
             return Twin(number, {}, lower)
     return None
-
-
-def get_or_create_study(session: Session, spec: SearchSpec) -> Study:
-    """The study's row, created when new (another worker creating it at the same moment is fine).
-
-    Raises:
-        UsageError: the study exists for another task or other objectives.
-    """
-    row = trials.study_named(session, spec.study_name)
-    spec_json = spec.model_dump(mode="json")
-    if row is None:
-        row, created = trials.create_study_row(session, name=spec.study_name, task=spec.task, spec=spec_json)
-        if created:
-            return row
-    if row.task != spec.task:
-        raise UsageError(
-            f"Study {spec.study_name!r} belongs to task {row.task!r}, not {spec.task!r}; pick another --study name."
-        )
-    stored = ",".join(row.spec.get("objectives", DEFAULT_OBJECTIVE_NAMES))
-    if stored != ",".join(spec.objectives):
-        raise UsageError(
-            f"Study {spec.study_name!r} optimizes {stored}, not {','.join(spec.objectives)}; continue it with "
-            f"--objective {stored}, or pick another --study name."
-        )
-    row.spec = spec_json  # the latest SLO and space; every trial keeps its own config
-    row.updated_at = utcnow()
-    return row
-
-
-def _best_or_none(seen: list[Candidate], constraints: Constraints, study: str) -> Candidate | None:
-    try:
-        return select_best(seen, constraints, study=study)
-    except NoFeasibleConfiguration:
-        return None
 
 
 def _interrupted(exc: BaseException) -> str:

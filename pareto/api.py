@@ -13,6 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session
 
+from pareto._measuring import (
+    measure_beside_baseline,
+    measure_settings,
+    parse_technique_option,
+    remeasure_trial,
+    stored_measure,
+)
 from pareto.errors import NoFeasibleConfiguration, UsageError
 from pareto.frontier import (
     DEFAULT_OBJECTIVE_NAMES,
@@ -33,7 +40,6 @@ from pareto.slo import (
     DEFAULT_CONTENTION_LIMIT,
     DEFAULT_ROUNDS,
     DEFAULT_WARMUP,
-    MIN_CONFIDENCE,
     MIN_SAMPLES_P99,
 )
 from pareto.store import queries
@@ -269,7 +275,7 @@ def create_study(spec: SearchSpec, *, db: str | None = None) -> str:
     Raises:
         UsageError: the study exists with another task or other objectives.
     """
-    from pareto._search import create_study as _create
+    from pareto._studies import create_study as _create
 
     return _create(spec, db_url=resolve_url(db))
 
@@ -365,19 +371,9 @@ def confirm(
         row = queries.get_study(session, asked.study) if asked.study else queries.default_study(session)
         name, task_name, spec = row.name, row.task, row.spec
     constraints = asked.constraints(spec)
-    bench = open_bench(url, load_task(task_name), _stored_measure(spec, device, threads), with_profile=False)
+    bench = open_bench(url, load_task(task_name), stored_measure(spec, device, threads), with_profile=False)
     result = confirm_study(bench, name, constraints, top=top, margin=margin, environment=asked.environment)
     return result.to_dict()
-
-
-def _stored_measure(spec: dict[str, Any], device: str | None, threads: int | None) -> Any:
-    """The study's own measurement settings, with the device and threads given here."""
-    from pareto.spec import Measure
-
-    stored = dict(spec.get("measure") or {})
-    stored.update({k: v for k, v in {"device": device, "threads": threads}.items() if v is not None})
-    known = set(Measure.model_fields)
-    return Measure.model_validate({k: v for k, v in stored.items() if k in known}, context={"stored": True})
 
 
 def measure(
@@ -432,7 +428,7 @@ def measure(
         raise UsageError(f"Batch size must be at least 1, got {batch_size}.")
     chosen = tuple(parse_technique_option(option) for option in techniques)
     loaded = load_task(task)
-    settings = _measure_settings(
+    settings = measure_settings(
         device=device,
         threads=threads,
         samples=samples,
@@ -451,68 +447,7 @@ def measure(
     except ValueError as exc:  # a technique that does not run on this backend
         message = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
         raise UsageError(message.removeprefix("Value error, ").rstrip(".") + ".") from None
-    return _measure_beside_baseline(loaded, config, settings, p99_ms, db)
-
-
-def _measure_settings(**values: Any) -> Any:
-    """Measurement settings checked as a spec's are (durations such as "20s" parsed)."""
-    from pareto.spec import Measure
-
-    return Measure.model_validate(values)
-
-
-def _measure_beside_baseline(
-    task: Any, config: Any, settings: Any, p99_ms: float | None, db: str | None
-) -> dict[str, Any]:
-    from pareto._runs import open_bench, time_together
-    from pareto.assess import complete, preflight, round_plan
-    from pareto.compress import Config, why_not_here
-    from pareto.measure.environment import environment_key
-    from pareto.measure.memory import theoretical_bytes
-
-    bench = open_bench(resolve_url(db), task, settings, read_only=True)
-    reason = why_not_here(config, bench.task, bench.device)
-    if reason is not None:
-        raise UsageError(f"{config.describe()} cannot run here: {reason}.")
-    preflight(bench.task, [config.batch_size], bench.device)
-    base_config = Config(batch_size=config.batch_size)
-    timed = time_together(bench, [config, base_config], plan=round_plan(settings, p99_ms), probe=bench.probe())
-    common = dict(
-        device=bench.device,
-        threads=bench.threads,
-        measure=settings,
-        slo_ms=p99_ms,
-        profile=bench.profile,
-        baseline_theoretical_bytes=theoretical_bytes(bench.task.model),
-    )
-    (built, latency), (base, base_latency) = timed
-    result = complete(bench.task, config, built.model, latency, **common)
-    baseline = result if config.is_baseline else complete(bench.task, base_config, base.model, base_latency, **common)
-    metrics = _with_speedups(result.metrics.to_dict(), baseline.metrics.to_dict(), p99_ms)
-    metrics["compile_s"] = built.compile_s
-    env = bench.fingerprint
-    return {
-        "config": config.to_dict(),
-        "metrics": metrics,
-        "environment": {**env, "key": environment_key(env)},
-        "notes": result.notes + ([bench.profile_note] if bench.profile_note else []),
-    }
-
-
-def _with_speedups(metrics: dict[str, Any], baseline: dict[str, Any], p99_ms: float | None) -> dict[str, Any]:
-    """Speedups and accuracy change over a baseline measured in the same rounds, and the P99 verdict."""
-    from pareto.frontier import p99_verdict
-
-    metrics = dict(metrics)
-    metrics["speedup_p50"] = baseline["latency_p50_ms"] / metrics["latency_p50_ms"]
-    metrics["speedup_p99"] = baseline["latency_p99_ms"] / metrics["latency_p99_ms"]
-    metrics["accuracy_delta"] = metrics["accuracy"] - baseline["accuracy"]
-    metrics["baseline_latency_p50_ms"] = baseline["latency_p50_ms"]
-    metrics["baseline_latency_p99_ms"] = baseline["latency_p99_ms"]
-    if p99_ms is not None:
-        metrics["p99_verdict"] = p99_verdict(metrics, p99_ms)
-        metrics["slo_p99_ms"] = p99_ms
-    return metrics
+    return measure_beside_baseline(loaded, config, settings, p99_ms, db)
 
 
 def remeasure(
@@ -548,151 +483,7 @@ def remeasure(
         name, task_name, spec, study_id = row.name, row.task, row.spec, row.id
     p99_ms = slo_ms(slo_p99) if slo_p99 is not None else spec.get("slo", {}).get("p99")
     task = load_task(task_name)
-    return _remeasure(url, task, study_id, name, (trial, trial_id), stored, p99_ms, device)
-
-
-def _remeasure(
-    url: str,
-    task: Any,
-    study_id: int,
-    study: str,
-    trial: tuple[int, int],
-    stored: list[Candidate],
-    p99_ms: float | None,
-    device: str | None,
-) -> dict[str, Any]:
-    """Time a stored trial (number, row id) and the baseline in interleaved rounds; store; compare."""
-    from pareto._runs import (
-        baseline_trial,
-        finish_run,
-        open_bench,
-        start_run,
-        store_measurement,
-        stored_metrics,
-        time_together,
-    )
-    from pareto.assess import remeasured, round_plan
-    from pareto.compress import Config, why_not_here
-    from pareto.metrics import FIELD_NAMES, Metrics
-
-    settings = _method_of(stored[0], device)
-    bench = open_bench(url, task, settings, with_profile=False)
-    here = [c for c in stored if c.environment["key"] == _key_of(bench.fingerprint)]
-    before = (here or stored)[0]
-    config = Config.from_dict(before.config)
-    why = why_not_here(config, bench.task, bench.device)
-    if why is not None:
-        raise UsageError(f"Trial {trial[0]} ({before.description}) cannot be measured here: {why}.")
-    run = start_run(bench, kind="remeasure", study_id=study_id)
-    (number, trial_id), base_id = trial, baseline_trial(bench, study_id, config.batch_size)
-    configs = [config]
-    if base_id is not None and base_id != trial_id:
-        configs.append(Config(batch_size=config.batch_size))
-    latencies = [
-        latency for _, latency in time_together(bench, configs, plan=round_plan(settings, None), probe=run.probe)
-    ]
-    now = remeasured(Metrics(**{k: before.metrics[k] for k in FIELD_NAMES}), latencies[0])
-    store_measurement(bench, run, trial_id, now, kind="remeasure")
-    base_now, notes = now, []
-    base_stored = stored_metrics(bench, base_id) if len(latencies) > 1 and base_id is not None else None
-    if base_stored is not None and base_id is not None:
-        if latencies[1].busy:
-            notes.append("The baseline's rounds were given up as busy: no speedups this time.")
-        else:
-            base_now = remeasured(base_stored, latencies[1])
-            store_measurement(bench, run, base_id, base_now, kind="baseline")
-    finish_run(bench, run, remeasured=number)
-    if not here:
-        notes.append(
-            f"Trial {number} was measured in environment {before.environment['key']}, not this one "
-            f"({_key_of(bench.fingerprint)}): the figures are not strictly comparable."
-        )
-    return _remeasure_card(study, number, before, now, base_now, p99_ms, bench.fingerprint, notes)
-
-
-def _remeasure_card(
-    study: str,
-    number: int,
-    before: Candidate,
-    now: Any,
-    base_now: Any,
-    p99_ms: float | None,
-    fingerprint: dict[str, Any],
-    notes: list[str],
-) -> dict[str, Any]:
-    from pareto.frontier import p99_verdict
-
-    metrics = _with_speedups(now.to_dict(), base_now.to_dict(), p99_ms)
-    if base_now is now:
-        metrics["speedup_p50"] = metrics["speedup_p99"] = metrics["accuracy_delta"] = None
-    verdicts = {"stored": p99_verdict(before.metrics, p99_ms) if p99_ms else None, "now": metrics.get("p99_verdict")}
-    return {
-        "config": before.config,
-        "metrics": metrics,
-        "environment": {**fingerprint, "key": _key_of(fingerprint)},
-        "stored": {**before.metrics, "environment": before.environment, "confirmation": before.confirmation},
-        "verdict": verdicts,
-        "verdict_holds": verdicts["stored"] == verdicts["now"] if p99_ms else None,
-        "study": study,
-        "trial": number,
-        "notes": notes,
-    }
-
-
-def _method_of(stored: Candidate, device: str | None) -> Any:
-    """A stored measurement's method as settings: its rounds, calls, warm-up, confidence, threads."""
-    from pareto.spec import Measure
-
-    m = stored.metrics
-    samples = int(m["samples"])
-    return Measure(
-        device=device or stored.environment["device"],
-        threads=stored.environment["threads"],
-        samples=samples,
-        rounds=min(m.get("rounds") or DEFAULT_ROUNDS, samples),
-        warmup=m["warmup"],
-        confidence=max(m["confidence"], MIN_CONFIDENCE),
-        hardware=None,
-    )
-
-
-def _key_of(fingerprint: dict[str, Any]) -> str:
-    from pareto.measure.environment import environment_key
-
-    return environment_key(fingerprint)
-
-
-def parse_technique_option(option: str) -> Any:
-    """``"prune_structured:ratio=0.5"`` → the technique; values are read as int, float, bool or text.
-
-    Raises:
-        UsageError: a malformed option, an unknown technique or parameter, or a value out of range.
-    """
-    from pareto.compress import get_technique
-    from pareto.errors import UsageError
-
-    name, _, rest = option.partition(":")
-    params: dict[str, Any] = {}
-    for item in filter(None, (part.strip() for part in rest.split(","))):
-        key, eq, value = item.partition("=")
-        if not eq or not key.strip() or not value.strip():
-            raise UsageError(f"Cannot read technique option {option!r}; write it like 'prune_structured:ratio=0.5'.")
-        params[key.strip()] = _scalar(value.strip())
-    return get_technique(name.strip(), params)
-
-
-def _scalar(text: str) -> Any:
-    lowered = text.lower()
-    if lowered in {"true", "false"}:
-        return lowered == "true"
-    if lowered in {"none", "null"}:
-        return None
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
+    return remeasure_trial(url, task, study_id, name, (trial, trial_id), stored, p99_ms, device)
 
 
 def _profile_for(hardware: str | None, db: str | None, env: dict[str, Any]) -> Any:

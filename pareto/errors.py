@@ -68,9 +68,14 @@ class LockHeld(ParetoError):
     exit_code = 75
 
 
-def exception_line(exc: BaseException) -> str:
-    """``"TypeName: the first line of its message"``, without terminal colours or a closing period:
-    how a failure inside user code, a library or a kernel is quoted in one sentence."""
+def message_line(exc: BaseException, *, empty: str = "no message") -> str:
+    """The first line of an error's message, without terminal colours (torch.onnx puts them in) or a
+    closing period; ``empty`` when it has none. The one way pareto quotes a message in a sentence."""
     text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip()
-    first = text.splitlines()[0].strip().rstrip(".") if text else "no message"
-    return f"{type(exc).__name__}: {first}"
+    return text.splitlines()[0].strip().rstrip(".") if text else empty
+
+
+def exception_line(exc: BaseException) -> str:
+    """``"TypeName: the first line of its message"``: how a failure inside user code, a library or a
+    kernel is quoted in one sentence."""
+    return f"{type(exc).__name__}: {message_line(exc)}"

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pareto.errors import NoFeasibleConfiguration
+from pareto.naming import describe_config
 from pareto.slo import MIN_SAMPLES_P99, P99_BOUND_METRIC, Verdict, slo_verdict
 from pareto.units import format_bytes, format_ms
 
@@ -97,6 +98,23 @@ class Candidate:
             "confirmation": self.confirmation,
             "environment": self.environment,
         }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Candidate:
+        """The candidate ``to_dict`` wrote (the description made again from the configuration)."""
+        config = dict(data["config"])
+        if config.get("backend") == "eager":
+            del config["backend"]  # stored only when not eager
+        return cls(
+            study=data["study"],
+            trial=data["trial"],
+            config=config,
+            description=describe_config(config),
+            metrics=data["metrics"],
+            environment=data["environment"],
+            slo=data.get("slo") or {},
+            confirmation=data.get("confirmation"),
+        )
 
 
 @dataclass(frozen=True)
@@ -351,6 +369,14 @@ def select_best(candidates: Sequence[Candidate], constraints: Constraints, *, st
         return judged(pick, constraints)
     closest, _ = min(judgements, key=lambda cj: (cj[1].distance, cj[0].trial))
     raise no_feasible(study, constraints, closest)
+
+
+def best_or_none(candidates: Sequence[Candidate], constraints: Constraints, *, study: str) -> Candidate | None:
+    """``select_best``, or None when nothing (yet) meets the constraints."""
+    try:
+        return select_best(candidates, constraints, study=study)
+    except NoFeasibleConfiguration:
+        return None
 
 
 def no_feasible(study: str, constraints: Constraints, closest: Candidate) -> NoFeasibleConfiguration:

@@ -16,7 +16,7 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from pareto.errors import DatabasePathError, StoreError, UsageError
+from pareto.errors import DatabasePathError, StoreError, UsageError, message_line
 
 DEFAULT_URL = "sqlite:///pareto.db"
 #: Our own Alembic history lives beside Optuna's (which uses ``alembic_version``) without colliding.
@@ -221,5 +221,6 @@ def _safe(url: str) -> str:
 
 
 def _first_line(exc: BaseException) -> str:
+    """A database error's first line: the driver's own error (``orig``) when SQLAlchemy wraps one."""
     orig = getattr(exc, "orig", None) or exc
-    return (str(orig).strip().splitlines() or [type(orig).__name__])[0].rstrip(".")
+    return message_line(orig, empty=type(orig).__name__)

@@ -1,0 +1,138 @@
+"""A study in two tables: pareto's row and Optuna's, on one database, created once and shared by workers.
+
+Optuna's storage carries heartbeats, so a trial whose worker died is failed (in both tables) by the
+next worker that starts one, and retried once.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import optuna
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session
+
+from pareto.errors import UsageError
+from pareto.frontier import DEFAULT_OBJECTIVE_NAMES, objective_metrics
+from pareto.spec import SearchSpec
+from pareto.store import trials
+from pareto.store.engine import check_path, engine_kwargs, open_engine, session_scope, upgrade
+from pareto.store.models import Study, utcnow
+
+HEARTBEAT_INTERVAL_S = 60
+
+
+def directions(spec: SearchSpec) -> list[optuna.study.StudyDirection]:
+    up, down = optuna.study.StudyDirection.MAXIMIZE, optuna.study.StudyDirection.MINIMIZE
+    return [up if maximize else down for _, maximize in objective_metrics(spec.objectives)]
+
+
+def heartbeat_interval_s() -> int:
+    """Seconds between a worker's heartbeats (``PARETO_HEARTBEAT_S``; tests shorten it)."""
+    return max(1, int(os.environ.get("PARETO_HEARTBEAT_S") or HEARTBEAT_INTERVAL_S))
+
+
+def optuna_storage(db_url: str, engine: Engine, study_id: int) -> optuna.storages.RDBStorage:
+    """Optuna's storage on the same database, with heartbeats: a trial whose worker died (kill -9, a
+    lost node) is failed by the next worker that starts a trial, in Optuna's table and in ours, and
+    retried once as a new trial with the same parameters."""
+    interval = heartbeat_interval_s()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.storages.RDBStorage(
+            db_url,
+            engine_kwargs=engine_kwargs(db_url),
+            heartbeat_interval=interval,
+            grace_period=2 * interval,
+            heartbeat_stale_trial_callback=_StaleTrial(engine, study_id, 2 * interval),
+        )
+
+
+class _StaleTrial:
+    """Optuna's ``heartbeat_stale_trial_callback``: a trial whose worker stopped beating."""
+
+    def __init__(self, engine: Engine, study_id: int, grace_s: int) -> None:
+        self.engine, self.study_id, self.grace_s = engine, study_id, grace_s
+
+    def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        with session_scope(self.engine) as session:
+            row = trials.trial_by_number(session, self.study_id, trial.number)
+            if row is not None and row.state == "RUNNING":
+                row.state, row.finished_at = "FAILED", utcnow()
+                row.error = f"its worker stopped (no heartbeat for {self.grace_s} s); retried as a new trial"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.RetryFailedTrialCallback(max_retry=1)(study, trial)
+
+
+def fail_stale_trials(study: optuna.Study) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
+
+
+def create_study(spec: SearchSpec, *, db_url: str) -> str:
+    """Create the study (pareto's row and Optuna's, with its directions) before any worker starts:
+    workers that race to create one study is a known failure of Optuna's RDB storage.
+
+    Returns:
+        The study's name. An existing study is checked against the spec (task, objectives) and kept.
+    """
+    check_path(db_url)
+    engine = open_engine(db_url)
+    upgrade(engine)
+    with session_scope(engine) as session:
+        spec = adopt_stored_objectives(session, spec)
+        study_id = get_or_create_study(session, spec).id
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    optuna.create_study(
+        study_name=spec.study_name,
+        storage=optuna_storage(db_url, engine, study_id),
+        directions=directions(spec),
+        load_if_exists=True,
+    )
+    return spec.study_name
+
+
+def adopt_stored_objectives(session: Session, spec: SearchSpec) -> SearchSpec:
+    """Continuing a study without naming objectives keeps the study's own."""
+    if "objectives" in spec.model_fields_set:
+        return spec
+    row = trials.study_named(session, spec.study_name)
+    if row is None or "objectives" not in row.spec:
+        return spec
+    return spec.model_copy(update={"objectives": row.spec["objectives"]})
+
+
+def stored_sampler(session: Session, study_name: str) -> str | None:
+    """The sampler the study's last run used (stored with its spec), or None for a new study."""
+    row = trials.study_named(session, study_name)
+    return None if row is None else str((row.spec.get("search") or {}).get("sampler", "tpe"))
+
+
+def get_or_create_study(session: Session, spec: SearchSpec) -> Study:
+    """The study's row, created when new (another worker creating it at the same moment is fine).
+
+    Raises:
+        UsageError: the study exists for another task or other objectives.
+    """
+    row = trials.study_named(session, spec.study_name)
+    spec_json = spec.model_dump(mode="json")
+    if row is None:
+        row, created = trials.create_study_row(session, name=spec.study_name, task=spec.task, spec=spec_json)
+        if created:
+            return row
+    if row.task != spec.task:
+        raise UsageError(
+            f"Study {spec.study_name!r} belongs to task {row.task!r}, not {spec.task!r}; pick another --study name."
+        )
+    stored = ",".join(row.spec.get("objectives", DEFAULT_OBJECTIVE_NAMES))
+    if stored != ",".join(spec.objectives):
+        raise UsageError(
+            f"Study {spec.study_name!r} optimizes {stored}, not {','.join(spec.objectives)}; continue it with "
+            f"--objective {stored}, or pick another --study name."
+        )
+    row.spec = spec_json  # the latest SLO and space; every trial keeps its own config
+    row.updated_at = utcnow()
+    return row
