@@ -17,13 +17,13 @@ import subprocess
 import sys
 import tempfile
 import threading
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from pareto._runs import finish_run, start_run
 from pareto._search import (
     Reporter,
-    SearchResult,
     confirm_search,
     enqueue_baselines,
     optuna_study,
@@ -31,6 +31,7 @@ from pareto._search import (
     search_result,
 )
 from pareto.errors import UsageError
+from pareto.search_result import SearchResult
 from pareto.spec import SearchSpec
 
 #: The most local workers: beyond a few per core they only queue for the timing lock.
@@ -87,25 +88,26 @@ def run_workers(spec: SearchSpec, *, db_url: str, workers: int, reporter: Report
                 procs.append(_start_worker(setup.spec, k, share, (device, visible), db_url, Path(folder), reporter))
         reports = _wait(procs)
     run = start_run(setup.bench, kind="search", study_id=setup.study_id)
-    interrupted = any(r.get("interrupted") for r in reports) or any(r.get("exit_code") == 130 for r in reports)
-    stopped_busy = any(r.get("stopped_busy") for r in reports)
+    results = [r.result for r in reports if r.result is not None]
+    interrupted = any(r.interrupted for r in results) or any(r.exit_code == 130 for r in reports)
+    stopped_busy = any(r.stopped_busy for r in results)
     finish_run(setup.bench, run, workers=workers, interrupted=interrupted, stopped_busy=stopped_busy)
     confirmation = None if interrupted or stopped_busy else confirm_search(setup, run, reporter)
     result = search_result(
         setup,
-        trials_run=sum(r.get("trials_run", 0) for r in reports),
-        measured=sum(r.get("measured", 0) for r in reports),
-        busy=sum(r.get("busy_trials", 0) for r in reports),
+        trials_run=sum(r.trials_run for r in results),
+        measured=sum(r.measured for r in results),
+        busy=sum(r.busy for r in results),
         interrupted=interrupted,
         confirmation=confirmation,
     )
     result.stopped_busy = stopped_busy
-    result.repeats = sum(r.get("repeats", 0) for r in reports)
-    result.rejected = sum(r.get("rejected_early", 0) for r in reports)
-    result.exhausted = next((r["exhausted"] for r in reports if r.get("exhausted")), None)
-    failed = [r for r in reports if r["exit_code"] not in (0, 75, 130)]
-    for r in failed:
-        reporter.notice(f"Worker {r['worker']} ended with exit code {r['exit_code']}: {r.get('error') or 'see above'}")
+    result.repeats = sum(r.repeats for r in results)
+    result.rejected = sum(r.rejected for r in results)
+    result.exhausted = next((r.exhausted for r in results if r.exhausted), None)
+    for r in reports:
+        if r.exit_code not in (0, 75, 130):
+            reporter.notice(f"Worker {r.worker} ended with exit code {r.exit_code}: {r.error or 'see above'}")
     return result
 
 
@@ -158,20 +160,28 @@ def _relay(worker: _Worker, stream: IO[str], reporter: Reporter) -> None:
             reporter.notice(f"[worker {worker.number}] {text}")
 
 
-def _wait(procs: list[_Worker]) -> list[dict[str, Any]]:
-    """Wait for every worker; each one's JSON report (its stdout), with its number and exit code."""
+@dataclass
+class _Report:
+    """How a worker ended: its search result (None when it wrote none), exit code and last error line."""
+
+    worker: int
+    exit_code: int
+    result: SearchResult | None
+    error: str | None
+
+
+def _wait(procs: list[_Worker]) -> list[_Report]:
+    """Wait for every worker; each one's search result (its stdout, as JSON), number and exit code."""
     reports = []
     for worker in procs:
         out = _communicate(worker, procs)
         worker.relay.join(timeout=5)
         try:
-            report = json.loads(out) if out.strip() else {}
-        except json.JSONDecodeError:
-            report = {}
-        report.update(worker=worker.number, exit_code=worker.proc.returncode)
-        if worker.proc.returncode not in (0, 75, 130):
-            report["error"] = worker.last_error
-        reports.append(report)
+            result = SearchResult.from_dict(json.loads(out)) if out.strip() else None
+        except (json.JSONDecodeError, KeyError, TypeError):
+            result = None
+        code = worker.proc.returncode
+        reports.append(_Report(worker.number, code, result, None if code in (0, 75, 130) else worker.last_error))
     return reports
 
 

@@ -80,6 +80,19 @@ class ConfirmResult:
             "items": [item.__dict__ for item in self.items],
         }
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ConfirmResult:
+        """The result ``to_dict`` wrote."""
+        return cls(
+            study=data["study"],
+            run=data["run"],
+            environment=data["environment"]["key"],
+            runs=list(data["runs"]),
+            items=[ConfirmedItem(**item) for item in data["items"]],
+            guard=data["guard"],
+            note=data["note"],
+        )
+
 
 #: After the first pass, the pick is confirmed in at most this many further passes when the first
 #: pass changed it to a configuration that was not confirmed (a confirmed bound that widened can

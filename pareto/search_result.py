@@ -38,3 +38,45 @@ class SearchResult:
     sampler: str = "tpe"
     #: why the search stopped before --n-trials new configurations (nothing new left), or None
     exhausted: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """What ``pareto search --json`` prints and a worker hands its parent (the constraints are the
+        study's, not part of it)."""
+        return {
+            "study": self.study,
+            "trials_run": self.trials_run,
+            "measured": self.measured,
+            "interrupted": self.interrupted,
+            "frontier": [c.to_dict() for c in self.frontier],
+            "best": self.best.to_dict() if self.best else None,
+            "no_best_reason": self.no_best_reason,
+            "busy_trials": self.busy,
+            "sampler": self.sampler,
+            "repeats": self.repeats,
+            "rejected_early": self.rejected,
+            "exhausted": self.exhausted,
+            "stopped_busy": self.stopped_busy,
+            "confirmation": self.confirmation.to_dict() if self.confirmation else None,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], constraints: Constraints | None = None) -> SearchResult:
+        """The result ``to_dict`` wrote, judged against ``constraints`` (default: none)."""
+        confirmation = data.get("confirmation")
+        return cls(
+            study=data["study"],
+            trials_run=data["trials_run"],
+            measured=data["measured"],
+            interrupted=data["interrupted"],
+            frontier=[Candidate.from_dict(c) for c in data["frontier"]],
+            best=Candidate.from_dict(data["best"]) if data.get("best") else None,
+            no_best_reason=data["no_best_reason"],
+            constraints=constraints or Constraints(),
+            confirmation=ConfirmResult.from_dict(confirmation) if confirmation else None,
+            busy=data["busy_trials"],
+            stopped_busy=data["stopped_busy"],
+            repeats=data["repeats"],
+            rejected=data["rejected_early"],
+            sampler=data["sampler"],
+            exhausted=data["exhausted"],
+        )

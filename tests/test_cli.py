@@ -134,6 +134,16 @@ def test_no_feasible_exits_1_with_the_closest(searched: Path) -> None:
     assert "closest is trial" in one_sentence(proc)
 
 
+def test_every_read_takes_the_throughput_floor(searched: Path) -> None:
+    """--min-throughput reaches best and explain as --slo-p99 does (one Limits value)."""
+    proc = pareto("best", "--min-throughput", "1e15/s", cwd=searched)
+    assert proc.returncode == 1
+    assert "throughput ≥ 1,000,000,000,000,000/s" in one_sentence(proc)
+    explained = pareto("explain", "--min-throughput", "1/s", "--json", cwd=searched)
+    assert explained.returncode == 0, explained.stderr
+    assert json.loads(explained.stdout)["constraints"]["min_throughput_per_s"] == 1.0
+
+
 @pytest.mark.parametrize(
     ("args", "code", "phrase"),
     [
@@ -145,6 +155,7 @@ def test_no_feasible_exits_1_with_the_closest(searched: Path) -> None:
         (["best", "--environment", "nosuch"], 2, "matches none of study 'tiny'"),
         (["best", "--environment", "all"], 2, "within one environment"),
         (["best", "--max-memory", "0MiB"], 2, "must be positive"),
+        (["frontier", "--min-throughput", "0/s"], 2, "must be positive"),
         (["measure", "--trial", "99"], 2, "has no trial 99"),
         (["measure", "--study", "tiny"], 2, "--study needs --trial"),
         (["confirm", "--top", "0"], 2, "--top"),

@@ -3,49 +3,31 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from pareto._cli.options import (
-    db_option,
-    environment_option,
-    err,
-    json_option,
-    out,
-    print_json,
-    slo_options,
-    study_option,
-)
+from pareto._cli.options import db_option, err, json_option, limits_options, out, print_json
 from pareto.units import format_ms
+
+if TYPE_CHECKING:
+    from pareto.limits import Limits
 
 _STYLES = {"chosen": "bold green", "misses": "red", "dominated": "dim", "tie": "yellow", "incomparable": "cyan"}
 
 
 @click.command("explain")
-@study_option
-@slo_options
-@environment_option
+@limits_options
 @db_option
 @json_option
-def command(
-    study: str | None,
-    slo_p99: str | None,
-    min_accuracy: float | None,
-    max_memory: str | None,
-    environment: str | None,
-    db: str | None,
-    as_json: bool,
-) -> None:
+def command(limits: Limits, db: str | None, as_json: bool) -> None:
     """Why each frontier configuration was or was not chosen for these limits."""
     from pareto.api import explain
 
-    result = explain(
-        study=study, slo_p99=slo_p99, min_accuracy=min_accuracy, max_memory=max_memory, environment=environment, db=db
-    )
+    result = explain(limits, db=db)
     if result["environment"].get("note"):
         err.print(escape(result["environment"]["note"]))
     if as_json:

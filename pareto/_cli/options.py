@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from typing import Any
@@ -47,11 +48,38 @@ environment_option = click.option(
 )
 
 
+throughput_option = click.option("--min-throughput", type=RATE, help="Throughput floor, e.g. 500/s.")
+
+
 def slo_options(func: Any) -> Any:
     func = click.option("--max-memory", type=SIZE, help="Memory budget (params + activations + KV), e.g. 2GB.")(func)
     func = click.option("--min-accuracy", type=float, help="Accuracy floor (the task's metric).")(func)
     func = click.option("--slo-p99", type=DURATION, help="P99 latency bound, e.g. 7ms, 500us.")(func)
     return func
+
+
+#: the options ``limits_options`` gathers, named as the fields of ``pareto.limits.Limits``
+LIMIT_OPTIONS = ("study", "environment", "slo_p99", "min_accuracy", "max_memory", "min_throughput")
+
+
+def limits_options(func: Any) -> Any:
+    """--study, the SLO options and --environment, handed to the command as one ``limits`` keyword
+    (a ``pareto.limits.Limits``): a new limit is a field there and an option here."""
+
+    @functools.wraps(func)
+    def command(*args: Any, **kwargs: Any) -> Any:
+        from pareto.limits import Limits
+
+        given = {name: kwargs.pop(name) for name in LIMIT_OPTIONS}
+        return func(*args, limits=Limits(**given), **kwargs)
+
+    return study_option(slo_options(throughput_option(environment_option(command))))
+
+
+def environment_note(environment: dict[str, Any]) -> None:
+    """The note a read adds about the environment it answered from (on stderr), if any."""
+    if environment.get("note"):
+        err.print(environment["note"], markup=False)
 
 
 def count(n: int, noun: str) -> str:

@@ -1,0 +1,23 @@
+"""`pareto db`: database maintenance (`pareto db upgrade`)."""
+
+from __future__ import annotations
+
+import click
+
+from pareto._cli.options import db_option, out
+
+
+@click.group("db")
+def command() -> None:
+    """Database maintenance."""
+
+
+@command.command("upgrade")
+@db_option
+def db_upgrade(db: str | None) -> None:
+    """Create or migrate pareto's tables to the latest revision."""
+    from pareto.store.engine import current_revision, open_engine, resolve_url, upgrade
+
+    engine = open_engine(resolve_url(db))
+    upgrade(engine)
+    out.print(f"Database {engine.url.render_as_string(hide_password=True)} is at revision {current_revision(engine)}.")

@@ -1,0 +1,22 @@
+"""`pareto hardware`: the datasheet hardware profiles."""
+
+from __future__ import annotations
+
+import click
+
+from pareto._cli.options import json_option, out, print_json
+
+
+@click.command("hardware")
+@json_option
+def command(as_json: bool) -> None:
+    """The datasheet hardware profiles (peak FLOP/s per dtype, bandwidth, ridge point)."""
+    from pareto.api import hardware as run
+
+    profiles = run()
+    if as_json:
+        print_json(profiles)
+        return
+    from pareto.report import profile_table
+
+    out.print(profile_table(profiles, title="Hardware profiles (configs/hardware; dense peaks)"))

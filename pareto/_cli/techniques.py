@@ -1,0 +1,46 @@
+"""`pareto techniques`: every compression technique, its parameters, and whether it can run here."""
+
+from __future__ import annotations
+
+import click
+from rich.markup import escape
+from rich.table import Table
+
+from pareto._cli.options import json_option, out, print_json
+from pareto.naming import BACKENDS
+
+
+@click.command("techniques")
+@click.option("--device", default="auto", show_default=True, help="Judge availability on this device.")
+@click.option("--task", help="Also judge availability for this task (train_data, layers).")
+@json_option
+def command(device: str, task: str | None, as_json: bool) -> None:
+    """Every compression technique, its parameters, and whether it can run here (and if not, why)."""
+    from pareto.api import techniques as run
+
+    listing = run(device=device, task=task)
+    if as_json:
+        print_json(listing)
+        return
+    table = Table(
+        title="Techniques (applied in this order: distill → prune → lowrank → finetune → quantize → compile)",
+        title_justify="left",
+    )
+    for column in ("name", "family", "parameters", "backends", "available", "what it does / why not"):
+        table.add_column(column, overflow="fold")
+    for t in listing:
+        params = "\n".join(f"{k}: {v}" for k, v in t["parameters"].items()) or "—"
+        table.add_row(
+            t["name"],
+            t["family"],
+            params,
+            "all" if len(t["backends"]) == len(BACKENDS) else ", ".join(t["backends"]),
+            "[green]yes[/]" if t["available"] else "[red]no[/]",
+            escape(t["summary"] if t["available"] else t["reason"]),
+        )
+    out.print(table)
+    out.print(
+        "backends: where a configuration with the technique can be served (pareto search --backend); "
+        "the techniques run in order on the PyTorch model, then it is compiled or exported to ONNX "
+        "Runtime, then ort_int8_dynamic quantizes the exported graph."
+    )
