@@ -30,7 +30,7 @@ def main() -> None:
     args = parser.parse_args()
     task = load_task(args.task)
     config = Config(techniques=tuple(parse_technique_option(t) for t in args.technique), batch_size=task.batch_size)
-    model = apply(task.model, config, task)
+    model = apply(task.model, config, task).module
     x = task.example_input(config.batch_size)
     print(f"{config.describe()} on task {task.name}, {args.threads} threads\n")
     print("| round | pareto p50 ms (662 calls) | torch.utils.benchmark median ms | ratio pareto / torch |")

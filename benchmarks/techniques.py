@@ -28,11 +28,11 @@ import torch
 
 import pareto
 from pareto.api import parse_technique_option
-from pareto.assess import build
-from pareto.compress import Backend, Config, backend_reason
+from pareto.assess import build_served
+from pareto.compress import Backend, Config, Served, backend_reason
 from pareto.measure.latency import RoundPlan, Timed, measure_interleaved
 from pareto.measure.memory import theoretical_bytes
-from pareto.task import load_task
+from pareto.task import Task, load_task
 
 CONFIGS = {
     "demo": [
@@ -121,6 +121,25 @@ CONFIGS = {
 }
 
 
+def _build_rows(task: Task, configs: list[Config]) -> list[tuple[str, Served | str]]:
+    """Each configuration built on the CPU, or why it is not (unavailable here, or it failed)."""
+    rows: list[tuple[str, Served | str]] = []
+    for config in configs:
+        reason = backend_reason(config.backend, "cpu") or next(
+            (t.available("cpu", task) for t in config.techniques if t.available("cpu", task)), None
+        )
+        if reason:
+            rows.append((config.describe(), f"unavailable: {reason}"))
+            continue
+        try:
+            served, _ = build_served(task, config, "cpu")
+        except Exception as exc:  # report the failure in the table and carry on with the next row
+            rows.append((config.describe(), f"failed: {type(exc).__name__}: {exc}"))
+            continue
+        rows.append((config.describe(), served))
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--task", action="append", default=None, choices=sorted(CONFIGS))
@@ -146,48 +165,24 @@ def main() -> None:
     for name in args.task or ["demo"]:
         task = load_task(name)
         base_bytes = theoretical_bytes(task.model)
-        rows: list[tuple[str, object]] = []  # (description, built model or the reason it is not)
-        chosen_rows = [
-            options
-            for options in CONFIGS[name]
-            if not options or args.rows is None or any(text in " ".join(options) for text in args.rows)
-        ]
-        configs = [_config(options, task.batch_size) for options in chosen_rows]
-        tasks_of = {s["study"]: s["task"] for s in pareto.studies(db=args.db)} if args.study else {}
-        if args.study and tasks_of.get(args.study) == name:  # the pick joins its own task's table only
-            pick = pareto.best(study=args.study, db=args.db)
-            chosen = Config.from_dict(pick["config"])
-            print(f"pick of study {args.study!r}: trial {pick['trial']}, {chosen.describe()}")
-            if chosen not in configs:  # a row already: timed once
-                configs.append(chosen)
-        for config in configs:
-            reason = backend_reason(config.backend, "cpu") or next(
-                (t.available("cpu", task) for t in config.techniques if t.available("cpu", task)), None
-            )
-            if reason:
-                rows.append((config.describe(), f"unavailable: {reason}"))
-                continue
-            try:
-                model, _, _ = build(task, config, "cpu")
-            except Exception as exc:  # report the failure in the table and carry on with the next row
-                rows.append((config.describe(), f"failed: {type(exc).__name__}: {exc}"))
-                continue
-            rows.append((config.describe(), model))
-        built = [(d, m) for d, m in rows if isinstance(m, torch.nn.Module)]
+        rows = _build_rows(task, _configs(name, task.batch_size, args))
+        built = [(d, s) for d, s in rows if isinstance(s, Served)]
         x = task.example_input(task.batch_size)
-        timed = measure_interleaved([Timed(m, x) for _, m in built], device="cpu", plan=plan, threads=args.threads)
+        items = [Timed(s.module, x, ready=s.ready) for _, s in built]  # ONNX Runtime opens its session first
+        timed = measure_interleaved(items, device="cpu", plan=plan, threads=args.threads)
         latency = {d: r.summary for (d, _), r in zip(built, timed, strict=True)}
         base = latency[built[0][0]]  # the first row is the baseline
-        base_accuracy = task.evaluate(built[0][1])
+        base_accuracy = task.evaluate(built[0][1].module)
         print(f"\n### {name} (batch {task.batch_size})\n")
         print(
             "| configuration | compression (theory) | p50 ms | p99 ms | speedup p50 | speedup p99 | accuracy | Δ accuracy |"
         )
         print("|---|---:|---:|---:|---:|---:|---:|---:|")
-        for description, model in rows:
-            if not isinstance(model, torch.nn.Module):
-                print(f"| {description} | — | — | — | — | — | — | {model} |")
+        for description, served in rows:
+            if not isinstance(served, Served):
+                print(f"| {description} | — | — | — | — | — | — | {served} |")
                 continue
+            model = served.module
             lat = latency[description]
             accuracy = task.evaluate(model)
             print(
@@ -196,6 +191,24 @@ def main() -> None:
                 f"{accuracy:.4f} | {accuracy - base_accuracy:+.4f} |",
                 flush=True,
             )
+
+
+def _configs(name: str, batch_size: int, args: argparse.Namespace) -> list[Config]:
+    """The task's rows that ``--rows`` chose, and the ``--study``'s pick when it is of this task."""
+    chosen_rows = [
+        options
+        for options in CONFIGS[name]
+        if not options or args.rows is None or any(text in " ".join(options) for text in args.rows)
+    ]
+    configs = [_config(options, batch_size) for options in chosen_rows]
+    tasks_of = {s["study"]: s["task"] for s in pareto.studies(db=args.db)} if args.study else {}
+    if args.study and tasks_of.get(args.study) == name:  # the pick joins its own task's table only
+        pick = pareto.best(study=args.study, db=args.db)
+        chosen = Config.from_dict(pick["config"])
+        print(f"pick of study {args.study!r}: trial {pick['trial']}, {chosen.describe()}")
+        if chosen not in configs:  # a row already: timed once
+            configs.append(chosen)
+    return configs
 
 
 def _config(options: list[str], batch_size: int) -> Config:

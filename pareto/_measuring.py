@@ -54,8 +54,8 @@ def measure_beside_baseline(
         baseline_theoretical_bytes=theoretical_bytes(bench.task.model),
     )
     (built, latency), (base, base_latency) = timed
-    result = complete(bench.task, config, built.model, latency, **common)
-    baseline = result if config.is_baseline else complete(bench.task, base_config, base.model, base_latency, **common)
+    result = complete(bench.task, config, built.served, latency, **common)
+    baseline = result if config.is_baseline else complete(bench.task, base_config, base.served, base_latency, **common)
     metrics = _with_speedups(result.metrics.to_dict(), baseline.metrics.to_dict(), p99_ms)
     metrics["compile_s"] = built.compile_s
     env = bench.fingerprint

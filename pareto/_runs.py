@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
     from torch import nn
 
-    from pareto.compress import Config
+    from pareto.compress import Config, Served
     from pareto.devices import DeviceTask
     from pareto.measure.latency import LatencyResult, RoundPlan
     from pareto.measure.probe import ContentionProbe
@@ -166,9 +166,18 @@ class Built:
     """A configuration built on the bench's device, and what building it took."""
 
     config: Config
-    model: nn.Module
+    served: Served
     compress_s: float
-    compile_s: float | None
+
+    @property
+    def model(self) -> nn.Module:
+        """What serves the configuration (``served.module``)."""
+        return self.served.module
+
+    @property
+    def compile_s(self) -> float | None:
+        """Seconds spent building its serving form (``served.compile_s``), kept apart from latency."""
+        return self.served.compile_s
 
 
 def build(bench: Bench, config: Config) -> Built:
@@ -177,10 +186,10 @@ def build(bench: Bench, config: Config) -> Built:
     Raises:
         TechniqueError: the configuration broke the model (the reason is kept for the trial).
     """
-    from pareto.assess import build as build_on
+    from pareto.assess import build_served
 
-    model, compress_s, compile_s = build_on(bench.task, config, bench.device)
-    return Built(config, model, compress_s, compile_s)
+    served, compress_s = build_served(bench.task, config, bench.device)
+    return Built(config, served, compress_s)
 
 
 def time_together(
@@ -205,7 +214,10 @@ def time_together(
         if config.key() not in built:
             built[config.key()] = build(bench, config)
     unique = list(built.values())
-    items = [Timed(b.model, bench.task.example_input(b.config.batch_size), label=b.config.key()) for b in unique]
+    items = [
+        Timed(b.model, bench.task.example_input(b.config.batch_size), label=b.config.key(), ready=b.served.ready)
+        for b in unique
+    ]
     latencies = measure_interleaved(
         items, device=bench.device, plan=plan, threads=bench.threads, probe=probe, seed=seed
     )

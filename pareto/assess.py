@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pareto.compress import Config, apply
+from pareto.compress import Config, Served, apply
 from pareto.errors import BaselineFailed, MachineBusy, TechniqueError, UsageError, exception_line
 from pareto.metrics import METHOD_SEPARATOR, Metrics
 
@@ -109,10 +109,16 @@ def round_plan(measure: Measure, slo_ms: float | None, *, adaptive: bool | None 
 
 def build(task: Task, config: Config, device: str) -> tuple[nn.Module, float, float | None]:
     """The compressed model, the seconds spent compressing, and torch.compile's first-call seconds."""
+    served, compress_s = build_served(task, config, device)
+    return served.module, compress_s, served.compile_s
+
+
+def build_served(task: Task, config: Config, device: str) -> tuple[Served, float]:
+    """``config`` applied to a copy of the task's model on ``device``, and the seconds spent compressing:
+    the seconds spent building its serving form (``Served.compile_s``: compile, capture, export) left out."""
     t0 = time.perf_counter()
-    model = apply(task.model, config, task, device=device)
-    compile_s = getattr(model, "pareto_compile_s", None)
-    return model, time.perf_counter() - t0 - (compile_s or 0.0), compile_s
+    served = apply(task.model, config, task, device=device)
+    return served, time.perf_counter() - t0 - (served.compile_s or 0.0)
 
 
 @contextmanager
@@ -224,18 +230,20 @@ def assess(
     from pareto.measure.latency import measure_latency
 
     with device_memory(config, device):
-        model, compress_s, compile_s = build(task, config, device)
+        served, compress_s = build_served(task, config, device)
+    compile_s = served.compile_s
     t1 = time.perf_counter()
     plan = dataclasses.replace(round_plan(measure, slo_ms), reject_above_ms=reject_above_ms)
     try:
         with device_memory(config, device):
             latency = measure_latency(
-                model,
+                served.module,
                 task.example_input(config.batch_size),
                 device=device,
                 plan=plan,
                 threads=threads,
                 probe=probe,
+                ready=served.ready,
             )
     except (UsageError, TechniqueError):
         raise
@@ -248,7 +256,7 @@ def assess(
         result = complete(
             task,
             config,
-            model,
+            served,
             latency,
             device=device,
             threads=threads,
@@ -264,7 +272,7 @@ def assess(
 def complete(
     task: Task,
     config: Config,
-    model: nn.Module,
+    served: Served,
     latency: LatencyResult,
     *,
     device: str,
@@ -284,7 +292,7 @@ def complete(
         raise MachineBusy(latency.stop_reason or "machine busy")
     inputs = task.example_input(config.batch_size)
     t0 = time.perf_counter()
-    accuracy, other, notes = _other_axes(task, config, model, inputs, device=device)
+    accuracy, other, notes = _other_axes(task, config, served, inputs, device=device)
     accuracy_s = time.perf_counter() - t0
     fields = {
         **latency_fields(latency, config.batch_size),
@@ -298,7 +306,7 @@ def complete(
     suspect = _roofline(fields, profile, dtype, notes) if profile is not None else None
     if measure.throughput_sweep:
         try:
-            _sweep(fields, model, task, config, device=device, threads=threads, measure=measure, slo_ms=slo_ms)
+            _sweep(fields, served, task, config, device=device, threads=threads, measure=measure, slo_ms=slo_ms)
         except (UsageError, MachineBusy):
             raise
         except Exception as exc:  # e.g. a served graph whose batch axis is fixed: the trial fails, reason kept
@@ -309,17 +317,26 @@ def complete(
 
 
 def _other_axes(
-    task: Task, config: Config, model: nn.Module, inputs: Any, *, device: str
+    task: Task, config: Config, served: Served, inputs: Any, *, device: str
 ) -> tuple[float, dict[str, Any], list[str]]:
     """Accuracy, then memory and compute; the ``method`` key joins their methods."""
     from pareto.measure.compute import compute_cost, compute_dtype
     from pareto.measure.memory import memory_breakdown, params_bytes, theoretical_bytes
 
+    model = served.module
     try:
         accuracy = float(task.evaluate(model))
-        memory = memory_breakdown(model, inputs, device=device, batch_size=config.batch_size, attention=task.attention)
-        cost = compute_cost(model, inputs)
-        dtype = compute_dtype(model)
+        memory = memory_breakdown(
+            model,
+            inputs,
+            device=device,
+            batch_size=config.batch_size,
+            attention=task.attention,
+            source=served.source,
+            graph_pool_bytes=served.graph_pool_bytes,
+        )
+        cost = compute_cost(model, inputs, source=served.source)
+        dtype = compute_dtype(model, served.compute_dtype)
         stored_bytes, ideal_bytes = params_bytes(model), theoretical_bytes(model)
     except UsageError:
         raise
@@ -331,9 +348,7 @@ def _other_axes(
         accuracy,
         {
             # a model served by another runtime says how (ONNX Runtime: its version, provider, threads)
-            "method": METHOD_SEPARATOR.join(
-                filter(None, [getattr(model, "pareto_serving", None), memory.method, cost.method])
-            ),
+            "method": METHOD_SEPARATOR.join(filter(None, [*served.notes, memory.method, cost.method])),
             "params_bytes": stored_bytes,
             "theoretical_bytes": ideal_bytes,
             "activation_bytes": memory.activation_bytes,
@@ -374,7 +389,7 @@ def _roofline(fields: dict[str, Any], profile: HardwareProfile, dtype: str, note
 
 def _sweep(
     fields: dict[str, Any],
-    model: nn.Module,
+    served: Served,
     task: Task,
     config: Config,
     *,
@@ -386,13 +401,14 @@ def _sweep(
     from pareto.measure.throughput import default_batch_sweep, throughput_curve
 
     curve = throughput_curve(
-        model,
+        served.module,
         task.example_input,
         default_batch_sweep(2 * config.batch_size),
         device=device,
         plan=round_plan(measure, slo_ms, adaptive=False),
         threads=threads,
         slo_ms=slo_ms,
+        ready=served.ready,
     )
     fields["throughput_curve"] = curve.to_dict()["points"]
     fields["saturation_batch"] = curve.saturation_batch

@@ -64,7 +64,7 @@ def _forward(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
 )
 def test_every_technique_keeps_the_output_shape(technique: Technique) -> None:
     model = _mlp()
-    compressed = apply(model, Config(techniques=(technique,), batch_size=4), _task(model))
+    compressed = apply(model, Config(techniques=(technique,), batch_size=4), _task(model)).module
     assert _forward(compressed, torch.randn(4, 16)).shape == (4, 8)
 
 
@@ -440,6 +440,34 @@ def test_apply_leaves_the_original_model_untouched() -> None:
         assert torch.equal(value, after[key]), key
 
 
+def test_apply_returns_the_served_model_with_what_its_techniques_declare() -> None:
+    model = _mlp()
+    plain = apply(model, Config(techniques=(LowRank(rank_ratio=0.25),), batch_size=2), _task(model))
+    assert plain.module is plain.eager and plain.module is not model  # eager: nothing compiled, a copy
+    assert (plain.compile_s, plain.compute_dtype, plain.requires, plain.notes) == (None, None, (), ())
+    assert plain.source is None and plain.ready is None and plain.graph_pool_bytes == 0 and not plain.inductor_freezing
+    if Int8Dynamic().available("cpu") is None:
+        quantized = apply(model, Config(techniques=(Int8Dynamic(),), batch_size=2), _task(model))
+        assert quantized.compute_dtype == "int8" == Int8Dynamic.compute_dtype  # declared by the technique
+
+
+def test_apply_adds_up_the_seconds_of_every_serving_step() -> None:
+    from pareto.compress import Served, Step
+
+    class Wraps(Technique):  # a serving step (compile family) that took 0.25 s, then one that took 0.5 s
+        name: ClassVar[str] = "test_wraps"
+        family: ClassVar[Family] = "compile"
+
+        def build(self, model: nn.Module, task: Task) -> Step:
+            return Step(nn.Sequential(model), seconds=0.25, notes=("wrapped",))
+
+    model = _mlp()
+    served = Served(model, model).then(Wraps().build(model, _task(model)))
+    again = served.then(Step(served.module, seconds=0.5, notes=("wrapped",), compute_dtype="int8"))
+    assert again.compile_s == 0.75 and again.notes == ("wrapped",) and again.compute_dtype == "int8"
+    assert again.eager is model and again.module[0] is model
+
+
 def test_apply_reports_why_a_technique_failed() -> None:
     model = nn.Sequential(nn.Linear(16, 8))
     with pytest.raises(TechniqueError, match=r"^prune_structured\(ratio=0.5\): the model has no group"):
@@ -470,5 +498,5 @@ def test_transformer_encoder_layers_run_after_their_linears_are_replaced(name: s
     technique = get_technique(name, params)
     if technique.available("cpu") is not None:
         pytest.skip(technique.available("cpu") or "")
-    compressed = apply(model, Config(techniques=(technique,), batch_size=2), task)
+    compressed = apply(model, Config(techniques=(technique,), batch_size=2), task).module
     assert _forward(compressed, torch.randn(2, 5, 32)).shape == (2, 5, 32)

@@ -24,7 +24,7 @@ def _ratio(*techniques: tuple[str, dict[str, float]]) -> float:
     model = _model()
     task = Task(name="tiny", model=model, example_input=lambda b: torch.randn(b, 90), evaluate=lambda m: 0.0)
     config = Config(techniques=tuple(get_technique(n, p) for n, p in techniques), batch_size=1)
-    return theoretical_bytes(model) / theoretical_bytes(apply(model, config, task))
+    return theoretical_bytes(model) / theoretical_bytes(apply(model, config, task).module)
 
 
 PRUNE_9X = ("prune_unstructured", {"sparsity": 8 / 9})  # keeps 6,000 of 54,000 weights

@@ -163,7 +163,7 @@ def test_gpu_levers_run_and_agree_with_the_float_model(names: tuple[str, ...]) -
         reason = technique_reason(t, "cuda:0", task)
         if reason is not None:
             pytest.skip(f"{t.name} is not available here: {reason}")
-    model = apply(task.model, Config(techniques=techniques, batch_size=16), task, device="cuda:0")
+    model = apply(task.model, Config(techniques=techniques, batch_size=16), task, device="cuda:0").module
     x = task.example_input(16).to("cuda:0")
     with torch.inference_mode():
         want = task.model.to("cuda:0")(x).float()
@@ -177,11 +177,14 @@ def test_gpu_levers_run_and_agree_with_the_float_model(names: tuple[str, ...]) -
 @needs_cuda
 def test_cuda_graphs_replay_count_their_pool_and_capture_time() -> None:
     task = _mlp_task("cuda:0")
-    model = apply(task.model, Config(techniques=(get_technique("cuda_graphs"),), batch_size=8), task, device="cuda:0")
-    assert isinstance(model, CudaGraphed) and model.pareto_compile_s > 0 and model.pareto_graph_pool_bytes >= 0
+    served = apply(task.model, Config(techniques=(get_technique("cuda_graphs"),), batch_size=8), task, device="cuda:0")
+    model = served.module
+    assert isinstance(model, CudaGraphed) and served.compile_s is not None and served.compile_s > 0
+    assert served.graph_pool is model.graph_pool and served.graph_pool_bytes >= 0 and model._orig_mod is served.eager
     x = torch.randn(8, 256, device="cuda:0")
     first = model(x)
     second = model(x * 2)
     assert not torch.equal(first, second)  # a clone per call: the next replay does not overwrite the last output
-    model(torch.randn(3, 256, device="cuda:0"))  # a new batch shape records a second graph
-    assert len(model._graphs) == 2
+    pool = served.graph_pool_bytes
+    model(torch.randn(3, 256, device="cuda:0"))  # a new batch shape records a second graph, into the same pool
+    assert len(model._graphs) == 2 and served.graph_pool_bytes >= pool  # the record reads the pool as it grows

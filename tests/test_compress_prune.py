@@ -377,7 +377,7 @@ def test_two_four_packs_linear_weights_on_cuda(cast: list[str]) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 32)).eval()
     techniques = (TwoFourPrune(), *(get_technique(name) for name in cast))
-    sparse = apply(model, Config(techniques=techniques, batch_size=8), _task(model, (128,)), device="cuda")
+    sparse = apply(model, Config(techniques=techniques, batch_size=8), _task(model, (128,)), device="cuda").module
     assert len(semi_structured_linears(sparse)) == 2
     x = torch.randn(8, 128, device="cuda")
     reference = copy.deepcopy(model).cuda()

@@ -42,7 +42,7 @@ def no_torchao(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_half_casts_parameters_and_keeps_float32_in_and_out(technique: Fp16 | Bf16, dtype: torch.dtype) -> None:
     model = _mlp()
     assert technique.available("cpu") is None  # both run on the CPU in this torch
-    half = apply(model, Config(techniques=(technique,), batch_size=4), _task(model))
+    half = apply(model, Config(techniques=(technique,), batch_size=4), _task(model)).module
     assert isinstance(half, HalfPrecision)
     assert {p.dtype for p in half.parameters()} == {dtype}
     assert half.module[2].running_mean.dtype == dtype
@@ -126,7 +126,8 @@ def test_torchao_int8_on_the_cpu(name: str) -> None:
     technique = get_technique(name, {"kernels": "torchao"} if name == "int8_dynamic" else None)
     assert technique.available("cpu") is None and technique.backend("cpu") == "torchao"
     model = _mlp()
-    quantized = apply(model, Config(techniques=(technique,), batch_size=4), _task(model))
+    served = apply(model, Config(techniques=(technique,), batch_size=4), _task(model))
+    quantized = served.module
     # torchao decides per layer (0.17 leaves this model's 16-wide input layer in float, 0.18 does not)
     quantized_layers = [
         m for m in quantized.modules() if isinstance(m, nn.Linear) and is_traceable_wrapper_subclass(m.weight)
@@ -143,7 +144,9 @@ def test_torchao_int8_on_the_cpu(name: str) -> None:
     assert 3 * weights - 8 * rows <= params_bytes(model) - params_bytes(quantized) <= 3 * weights
     assert count_flops(quantized, x) == count_flops(model, x) > 0
     assert activation_bytes(quantized, x, "cpu") > 0
-    assert compute_dtype(quantized) == ("int8" if name == "int8_dynamic" else "fp32")
+    # torchao's int8 weights report fp32: int8_dynamic declares what its matmuls compute in, weight-only does not
+    assert served.compute_dtype == ("int8" if name == "int8_dynamic" else None)
+    assert compute_dtype(quantized, served.compute_dtype) == ("int8" if name == "int8_dynamic" else "fp32")
 
 
 @pytest.mark.skipif(not HAS_TORCHAO, reason="torchao is an optional extra and is not installed")
@@ -157,11 +160,12 @@ def test_int8_dynamic_on_the_cpu_takes_torch_ao_kernels_unless_told_or_half() ->
     assert Int8Dynamic().backend("cuda:0") == "torchao"
     assert Int8Dynamic(kernels="torchao").backend("cpu") == "torchao"
     model = _mlp()
-    quantized = apply(model, Config(techniques=(Int8Dynamic(),), batch_size=4), _task(model))
+    quantized = apply(model, Config(techniques=(Int8Dynamic(),), batch_size=4), _task(model)).module
+    assert compute_dtype(quantized) == "int8"  # torch.ao's quantized Linear says qint8 itself
     assert sum(isinstance(m, DynamicQuantizedLinear) for m in quantized.modules()) == 2
     # a bf16 model: torch.ao cannot take it, so unset kernels go to torchao; asked for torch.ao, it says so
     config = Config(techniques=(get_technique("bf16"), Int8Dynamic()), batch_size=4)
-    half = apply(model, config, _task(model))
+    half = apply(model, config, _task(model)).module
     assert any(is_traceable_wrapper_subclass(m.weight) for m in half.modules() if isinstance(m, nn.Linear))
     told = Config(techniques=(get_technique("bf16"), Int8Dynamic(kernels="torch.ao")), batch_size=4)
     with pytest.raises(TechniqueError, match="needs float32 linear layers; with fp16 or bf16 use kernels=torchao"):
@@ -174,6 +178,6 @@ def test_int4_on_cuda() -> None:
         pytest.skip(Int4WeightOnly().available("cuda") or "")
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 128)).eval()
-    quantized = apply(model, Config(techniques=(Int4WeightOnly(),), batch_size=4), _task(model), device="cuda")
+    quantized = apply(model, Config(techniques=(Int4WeightOnly(),), batch_size=4), _task(model), device="cuda").module
     x = torch.randn(4, 256, device="cuda")
     assert _forward(quantized, x).shape == (4, 128)

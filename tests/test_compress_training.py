@@ -75,7 +75,7 @@ def test_distill_trains_a_smaller_student_that_beats_chance_clearly(task: Task) 
     assert task.evaluate(task.model) > 0.85
     technique = Distill(width_ratio=0.25, depth=2, steps=150, lr=1e-2)
     threads = torch.get_num_threads()
-    student = apply(task.model, Config(techniques=(technique,), batch_size=8), task)
+    student = apply(task.model, Config(techniques=(technique,), batch_size=8), task).module
     assert torch.get_num_threads() == threads
     linears = [m for m in student if isinstance(m, nn.Linear)]
     assert [(m.in_features, m.out_features) for m in linears] == [(16, 16), (16, 4)]
@@ -165,8 +165,8 @@ def test_a_one_shot_iterator_ends_training_after_its_pass(task: Task) -> None:
 
 def test_finetune_keeps_pruned_zeros_zero_and_recovers_accuracy(task: Task) -> None:
     prune = UnstructuredPrune(sparsity=0.9)
-    pruned = apply(task.model, Config(techniques=(prune,), batch_size=8), task)
-    tuned = apply(task.model, Config(techniques=(prune, FineTune(steps=60, lr=1e-2)), batch_size=8), task)
+    pruned = apply(task.model, Config(techniques=(prune,), batch_size=8), task).module
+    tuned = apply(task.model, Config(techniques=(prune, FineTune(steps=60, lr=1e-2)), batch_size=8), task).module
     for before, after in zip(pruned.modules(), tuned.modules(), strict=True):
         if isinstance(before, nn.Linear):
             assert torch.equal(after.weight == 0, before.weight == 0)
@@ -202,8 +202,8 @@ def test_finetune_without_labels_distils_from_the_uncompressed_model(task: Task)
     )
     before = {k: v.clone() for k, v in task.model.state_dict().items()}
     prune = get_technique("prune_structured", {"ratio": 0.75})
-    pruned = apply(task.model, Config(techniques=(prune,), batch_size=8), encoder)
-    tuned = apply(task.model, Config(techniques=(prune, FineTune(steps=100, lr=1e-2)), batch_size=8), encoder)
+    pruned = apply(task.model, Config(techniques=(prune,), batch_size=8), encoder).module
+    tuned = apply(task.model, Config(techniques=(prune, FineTune(steps=100, lr=1e-2)), batch_size=8), encoder).module
     x = torch.cat([inputs for inputs, _ in unlabelled])
     with torch.inference_mode():
         reference = task.model(x)

@@ -147,7 +147,7 @@ def test_apply_builds_on_the_device_from_a_task_written_for_the_cpu(monkeypatch:
 
     monkeypatch.setitem(base._REGISTRY, _Reads.name, _Reads)
     task = shape_task(train_data=[(torch.randn(8, 16), torch.zeros(8, dtype=torch.long))] * 2)
-    model = apply(task.model, Config(techniques=(_Reads(),), batch_size=8), task, device="meta")
+    model = apply(task.model, Config(techniques=(_Reads(),), batch_size=8), task, device="meta").module
     assert model_device(model).type == "meta" and model_device(task.model).type == "cpu"
 
 

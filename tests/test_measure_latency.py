@@ -304,3 +304,19 @@ def test_adaptive_stopping_keeps_its_error_rate() -> None:
         false_met += (state.stop_reason or "").startswith("P99 verdict met")
     # seeded, so deterministic; without the correction (99 % at each of 3 looks) it is about 2 %
     assert false_met / trials <= 0.015
+
+
+def test_ready_is_called_once_before_the_warm_up_at_the_timed_thread_count() -> None:
+    calls: list[int] = []
+    model = _mlp(4)
+    measure_latency(
+        model,
+        torch.randn(1, 4),
+        device="cpu",
+        samples=4,
+        rounds=1,
+        warmup=1,
+        threads=1,
+        ready=lambda: calls.append(torch.get_num_threads()),  # ONNX Runtime opens its session here
+    )
+    assert calls == [1]

@@ -43,33 +43,37 @@ def task() -> Task:
 
 def test_the_served_graph_computes_the_model_at_any_batch(task: Task) -> None:
     served = apply(task.model, ORT, task)
-    assert isinstance(served, OrtModule) and served.pareto_compile_s > 0
+    module, source = served.module, served.source
+    assert isinstance(module, OrtModule) and served.compile_s is not None and served.compile_s > 0
+    assert source is served.eager and served.ready is not None and served.notes[0].startswith("served by ONNX Runtime")
     for batch in (1, 8, 13):  # exported at 8: the batch axis is dynamic
         x = task.example_input(batch)
         with torch.inference_mode():
-            torch.testing.assert_close(served(x), task.model(x), rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(module(x), task.model(x), rtol=1e-4, atol=1e-5)
     # the session holds the graph's initializers: the same bytes as the model's fp32 weights and biases
-    assert params_bytes(served) == params_bytes(task.model)
-    assert compute_dtype(served) == "fp32"
+    assert params_bytes(module) == params_bytes(task.model)
+    assert compute_dtype(module, served.compute_dtype) == "fp32"
     x = task.example_input(8)
-    assert compute_cost(served, x).flops == count_flops(task.model, x) > 0  # counted on the exported module
-    assert activation_bytes(served, x, "cpu") == activation_bytes(task.model, x, "cpu")
+    assert compute_cost(module, x, source=source).flops == count_flops(task.model, x) > 0  # on the exported module
+    assert activation_bytes(module, x, "cpu", source=source) == activation_bytes(task.model, x, "cpu")
 
 
 def test_ort_int8_dynamic_stores_int8_weights_and_keeps_the_output(task: Task) -> None:
     served = apply(task.model, ORT_INT8, task)
     x = task.example_input(8)
     with torch.inference_mode():
-        out, ref = served(x), task.model(x)
+        out, ref = served.module(x), task.model(x)
     assert out.shape == ref.shape and out.dtype == torch.float32
     assert (out.argmax(1) == ref.argmax(1)).float().mean() >= 0.75  # int8: close, not equal
-    assert params_bytes(served) < params_bytes(task.model) / 2.5  # 4x on weights, biases and scales in fp32
-    assert compute_dtype(served) == "int8"
+    assert params_bytes(served.module) < params_bytes(task.model) / 2.5  # 4x on weights, biases and scales in fp32
+    assert compute_dtype(served.module, served.compute_dtype) == "int8"
+    assert len(served.notes) == 1 and served.source is served.eager  # the quantized graph, from the same export
+    assert served.compile_s is not None and served.compile_s > 0  # the export and both sessions
     channels = Config(
         techniques=(get_technique("ort_int8_dynamic", {"per_channel": True}),), batch_size=8, backend="onnxruntime"
     )
-    per_channel = apply(task.model, channels, task)
-    assert params_bytes(per_channel) > params_bytes(served)  # one scale per output channel
+    per_channel = apply(task.model, channels, task).module
+    assert params_bytes(per_channel) > params_bytes(served.module)  # one scale per output channel
 
 
 def test_ort_int8_static_calibrates_convs_on_the_training_inputs() -> None:
@@ -78,10 +82,11 @@ def test_ort_int8_static_calibrates_convs_on_the_training_inputs() -> None:
     served = apply(conv.model, config, conv)
     x = conv.example_input(8)
     with torch.inference_mode():
-        out, ref = served(x), conv.model(x)
+        out, ref = served.module(x), conv.model(x)
     assert out.shape == ref.shape
     assert nn.functional.cosine_similarity(out.flatten(), ref.flatten(), dim=0) > 0.98  # int8 ranges calibrated
-    assert params_bytes(served) < params_bytes(conv.model) / 2.5 and compute_dtype(served) == "int8"
+    assert params_bytes(served.module) < params_bytes(conv.model) / 2.5
+    assert compute_dtype(served.module, served.compute_dtype) == "int8"
     assert "ort_int8_static" in {t["name"] for t in describe_techniques("cpu") if t["backends"] == ["onnxruntime"]}
 
 
@@ -252,11 +257,19 @@ def test_the_session_is_opened_at_the_timed_thread_count_before_the_first_call(t
     from pareto.measure.latency import RoundPlan, measure_latency
 
     served = apply(task.model, ORT, task)
+    module = served.module
+    assert isinstance(module, OrtModule)
     threads = torch.get_num_threads()
-    measure_latency(
-        served, task.example_input(8), device="cpu", plan=RoundPlan(samples=4, rounds=1, warmup=0), threads=1
-    )
-    assert served._threads == 1 and torch.get_num_threads() == threads
+    opened: list[int] = []
+
+    def ready() -> None:
+        assert served.ready is not None
+        served.ready()
+        opened.append(module._threads)
+
+    plan = RoundPlan(samples=4, rounds=1, warmup=0)
+    measure_latency(module, task.example_input(8), device="cpu", plan=plan, threads=1, ready=ready)
+    assert opened == [1] and module._threads == 1 and torch.get_num_threads() == threads
 
 
 def test_an_export_compares_onnx_runtime_versions_only_for_a_graph_it_serves() -> None:
@@ -273,7 +286,7 @@ def test_a_batch_of_one_is_exported_with_a_dynamic_batch(task: Task) -> None:
     import dataclasses
 
     single = dataclasses.replace(task, batch_size=1)
-    served = apply(single.model, Config(batch_size=1, backend="onnxruntime"), single)
+    served = apply(single.model, Config(batch_size=1, backend="onnxruntime"), single).module
     for batch in (1, 5):  # traced on two rows: torch.export would have fixed an axis of size 1
         with torch.inference_mode():
             x = task.example_input(batch)
@@ -285,8 +298,10 @@ def test_the_compile_backend_compiles_after_every_technique(task: Task) -> None:
     if backend_reason("compile", "cpu") is not None:
         pytest.skip(str(backend_reason("compile", "cpu")))
     config = Config(techniques=(get_technique("prune_structured", {"ratio": 0.5}),), batch_size=8, backend="compile")
-    served = apply(task.model, config, task)
-    assert served.pareto_compile_s > 0 and hasattr(served, "_orig_mod")  # torch.compile's wrapper, warmed up
+    built = apply(task.model, config, task)
+    served = built.module
+    assert built.compile_s is not None and built.compile_s > 0  # torch.compile's first call, warmed up
+    assert served._orig_mod is built.eager  # torch.compile's wrapper around the pruned model
     with torch.inference_mode():
         x = task.example_input(8)
         torch.testing.assert_close(served(x), served._orig_mod(x), rtol=1e-4, atol=1e-5)  # kernels may reorder sums

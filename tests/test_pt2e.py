@@ -65,7 +65,6 @@ def test_frozen_compiled_sets_freezing_only_while_a_new_signature_compiles(monke
         return x * scale
 
     model = nn.Identity()
-    model.pareto_compute_dtype = "int8"
     frozen = FrozenCompiled(model, "default")
     object.__setattr__(frozen, "_compiled", compiled)
     frozen(torch.ones(2, 3))  # a new shape: Dynamo and Inductor compile it, with freezing
@@ -81,22 +80,23 @@ def test_frozen_compiled_sets_freezing_only_while_a_new_signature_compiles(monke
     frozen(torch.ones(2, 3))
     assert seen == [True, False, True, True, True, True, True, False, True]
     assert inductor_config.freezing is False  # restored: other models compile as before
-    assert frozen.pareto_compute_dtype == "int8" and frozen._orig_mod is model
+    assert frozen._orig_mod is model
 
 
-def test_compile_wraps_only_a_graph_marked_for_freezing(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_compile_freezes_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
     if compile_module._compile_reason("cpu") is not None:
         pytest.skip(str(compile_module._compile_reason("cpu")))
-    marked = nn.Sequential(nn.Linear(4, 4), nn.ReLU()).eval()
-    marked.pareto_inductor_freezing = True
+    graph = nn.Sequential(nn.Linear(4, 4), nn.ReLU()).eval()
     x = torch.randn(3, 4)
-    task = Task(name="t", model=marked, example_input=lambda n: x[:n], evaluate=lambda m: 1.0, batch_size=3)
-    served = Compile().apply(marked, task)
-    assert isinstance(served, FrozenCompiled) and served.pareto_compile_s > 0
+    task = Task(name="t", model=graph, example_input=lambda n: x[:n], evaluate=lambda m: 1.0, batch_size=3)
+    step = Compile().build(graph, task, freezing=True)  # as the pipeline serves a technique's inductor_freezing
+    served = step.module
+    assert isinstance(served, FrozenCompiled) and step.seconds is not None and step.seconds > 0
     with torch.inference_mode():
-        torch.testing.assert_close(served(x), marked(x), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(served(x), graph(x), rtol=1e-4, atol=1e-5)
     plain = Compile().apply(nn.Sequential(nn.Linear(4, 4)).eval(), task)
     assert not isinstance(plain, FrozenCompiled)
+    assert get_technique("int8_static").inductor_freezing and not get_technique("int8_dynamic").inductor_freezing
 
 
 # --- with torchao ---------------------------------------------------------------------------------
@@ -109,13 +109,17 @@ def conv() -> Task:
 
 @needs_pt2e
 def test_int8_static_stores_int8_weights_keeps_the_output_and_runs_at_any_batch(conv: Task) -> None:
-    served = apply(conv.model, STATIC, conv)
-    assert isinstance(served, FrozenCompiled) and served.pareto_compile_s > 0
+    built = apply(conv.model, STATIC, conv)
+    served = built.module
+    assert isinstance(served, FrozenCompiled) and built.compile_s is not None and built.compile_s > 0
     graph = served._orig_mod
+    assert graph is built.eager and built.inductor_freezing
+    library = "torchao" if pt2e._pt2e()[1] == "torchao" else "torch.ao.quantization"
+    assert built.requires == (library,)  # loading an export of the graph imports it
     weights = [t for t in (*graph.parameters(), *graph.buffers()) if t.dim() >= 2]
     assert weights and all(t.dtype == torch.int8 for t in weights)  # the float copies convert_pt2e leaves are gone
     assert params_bytes(served) < params_bytes(conv.model) / 3  # 4x on weights; scales and biases stay fp32
-    assert compute_dtype(served) == "int8"
+    assert built.compute_dtype == "int8" and compute_dtype(served, built.compute_dtype) == "int8"
     for batch in (8, 1, 13):  # traced with a dynamic batch; each new shape compiles (static shapes)
         x = conv.example_input(batch)
         with torch.inference_mode():
@@ -131,7 +135,7 @@ def test_the_served_graph_runs_onednn_int8_kernels_at_every_batch(conv: Task) ->
     from torch._dynamo.utils import counters
     from torch._inductor.utils import run_and_get_code
 
-    served = apply(conv.model, STATIC, conv)
+    served = apply(conv.model, STATIC, conv).module
     x = conv.example_input(13)  # a batch it was not built at: compiled now, with freezing
     with torch.inference_mode():
         _, code = run_and_get_code(served, x)
@@ -153,7 +157,7 @@ def test_int8_static_refuses_what_it_cannot_quantize(conv: Task) -> None:
         Config(
             techniques=(get_technique("int8_dynamic"), get_technique("int8_static")), batch_size=8, backend="compile"
         )
-    dynamic = apply(conv.model, Config(techniques=(get_technique("int8_dynamic"),), batch_size=8), conv)
+    dynamic = apply(conv.model, Config(techniques=(get_technique("int8_dynamic"),), batch_size=8), conv).module
     with pytest.raises(TechniqueError, match="use one integer quantization per configuration"):
         get_technique("int8_static").apply(dynamic, conv)  # applied one after the other anyway, it refuses
 

@@ -68,10 +68,10 @@ def test_recovery_training_without_labels_brings_a_pruned_encoder_back_toward_th
     from pareto.compress import Config, apply, get_technique
 
     prune = get_technique("prune_structured", {"ratio": 0.5})
-    pruned = apply(task.model, Config(techniques=(prune,), batch_size=1), task)
+    pruned = apply(task.model, Config(techniques=(prune,), batch_size=1), task).module
     tuned = apply(
         task.model, Config(techniques=(prune, get_technique("finetune", {"steps": 10, "lr": 1e-4})), batch_size=1), task
-    )
+    ).module
     assert task.evaluate(tuned) > task.evaluate(pruned)
 
 

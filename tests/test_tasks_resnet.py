@@ -42,8 +42,8 @@ def test_structured_pruning_and_recovery_keep_the_residual_net_whole_and_accurat
         get_technique("prune_structured", {"ratio": 0.5}),
         get_technique("finetune", {"steps": 100, "lr": 1e-3}),
     )
-    pruned = apply(task.model, Config(techniques=techniques[:1], batch_size=4), task)
-    recovered = apply(task.model, Config(techniques=techniques, batch_size=4), task)
+    pruned = apply(task.model, Config(techniques=techniques[:1], batch_size=4), task).module
+    recovered = apply(task.model, Config(techniques=techniques, batch_size=4), task).module
     assert _channels(pruned) == [32, 32, 32, 64, 64, 64]  # the shortcut adds pruned consistently
     assert pruned(task.example_input(4)).shape == (4, 10)
     baseline = task.evaluate(task.model)

@@ -24,12 +24,16 @@ from pareto.compress.base import (
     registry,
 )
 from pareto.compress.pipeline import Config, apply, backend_reason, why_not_here
+from pareto.compress.served import GraphPool, Served, Step
 
 __all__ = [
     "BACKENDS",
     "CANONICAL_ORDER",
     "Backend",
     "Config",
+    "GraphPool",
+    "Served",
+    "Step",
     "Technique",
     "apply",
     "backend_reason",

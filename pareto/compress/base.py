@@ -14,6 +14,7 @@ import annotated_types
 from pydantic import BaseModel, ConfigDict
 from pydantic.fields import FieldInfo
 
+from pareto.compress.served import Step
 from pareto.errors import UsageError
 from pareto.naming import BACKENDS, Backend, describe_technique
 
@@ -54,6 +55,11 @@ class Technique(BaseModel):
     #: Techniques that cannot share a configuration with this one (either side naming the other is
     #: enough): two weight quantizations, two casts, 2:4 weights that torchao cannot quantize.
     excludes: ClassVar[frozenset[str]] = frozenset()
+    #: The dtype its kernels compute in where torch's dispatch cannot tell (torchao's int8 and float8
+    #: weights report the float dtype they stand for); ``pareto.compress.apply`` gathers it into ``Served``.
+    compute_dtype: ClassVar[str | None] = None
+    #: Its result is compiled with Inductor's freezing and static shapes (a PT2E graph), as measured and exported.
+    inductor_freezing: ClassVar[bool] = False
 
     def available(self, device: str, task: Task | None = None) -> str | None:
         """Return why this technique cannot run on ``device`` ("cpu", "cuda:0") for ``task``, or None if it can.
@@ -69,6 +75,16 @@ class Technique(BaseModel):
     def apply(self, model: nn.Module, task: Task) -> nn.Module:
         """Return the compressed model; may modify ``model`` (the pipeline passes a copy)."""
         raise NotImplementedError
+
+    def build(self, model: nn.Module, task: Task) -> Step:
+        """``apply``'s module with what only this application knows (seconds spent building a serving form);
+        the pipeline calls this. Techniques that build a serving form override it, and ``apply`` returns
+        its module."""
+        return Step(self.apply(model, task))
+
+    def requires(self) -> tuple[str, ...]:
+        """Modules beside torch that loading a model with this technique imports (none by default)."""
+        return ()
 
     def params(self) -> dict[str, Any]:
         """Parameters as stored and hashed; unset optional ones (None) are left out."""

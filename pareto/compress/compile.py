@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from pareto.compress.base import Backend, Family, Technique, register
+from pareto.compress.served import Step
 from pareto.devices import as_args, model_device
 from pareto.errors import TechniqueError
 
@@ -49,9 +50,9 @@ def _compile_reason(device_type: str) -> str | None:
 class Compile(Technique):
     """Wrap the model in ``torch.compile(mode=...)`` and compile it on the task's example input.
 
-    ``apply`` runs ``task.example_input(task.batch_size)`` once under ``torch.inference_mode`` so
-    that compilation happens there, not during timing, and stores the seconds it took as
-    ``pareto_compile_s`` on the returned module: compile time is reported on its own and never
+    ``build`` runs ``task.example_input(task.batch_size)`` once under ``torch.inference_mode`` so
+    that compilation happens there, not during timing, and returns the seconds it took with the
+    module (``Served.compile_s`` once applied): compile time is reported on its own and never
     counted as latency. Each apply starts from a reset compiler cache, so one trial's graphs and
     recompile limits never carry into the next.
 
@@ -75,7 +76,17 @@ class Compile(Technique):
         return _compile_reason(torch.device(device).type)
 
     def apply(self, model: nn.Module, task: Task) -> nn.Module:
-        """Return the compiled model, already compiled for ``task.example_input(task.batch_size)``.
+        """Return the compiled model, already compiled for ``task.example_input(task.batch_size)`` (see ``build``)."""
+        return self.build(model, task).module
+
+    def build(self, model: nn.Module, task: Task, *, freezing: bool = False) -> Step:
+        """The compiled model, compiled on ``task.example_input(task.batch_size)``, and the seconds that took.
+
+        Args:
+            model: The module to compile.
+            task: The task view whose example input the compile runs on.
+            freezing: Compile with Inductor's freezing and static shapes (``FrozenCompiled``): how a
+                PT2E-quantized graph (``int8_static``) is served.
 
         Raises:
             TechniqueError: ``torch.compile`` cannot run on the model's device.
@@ -86,7 +97,7 @@ class Compile(Technique):
             raise TechniqueError(f"{self.describe()}: {reason}")
         args = as_args(task.example_input(task.batch_size))  # the bench's view: on the model's device already
         reset_compiler()
-        if getattr(model, "pareto_inductor_freezing", False):  # a PT2E-quantized graph (int8_static)
+        if freezing:
             compiled: nn.Module = FrozenCompiled(model.eval(), self.mode)
         elif device.type == "cuda" and self.mode in CUDAGRAPH_MODES:
             compiled = StepMarked(model.eval(), self.mode)
@@ -98,9 +109,7 @@ class Compile(Technique):
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             elapsed = time.perf_counter() - start
-        setattr(compiled, "pareto_compile_s", elapsed)  # noqa: B010  (read back by pareto.assess.build)
-        setattr(compiled, "pareto_compile_mode", self.mode)  # noqa: B010  (read by cuda_graphs)
-        return compiled
+        return Step(compiled, seconds=elapsed)
 
 
 #: torch.compile's modes that record CUDA graphs on a GPU (cudagraph trees).
@@ -109,7 +118,7 @@ CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 class _Compiled(nn.Module):
     """``torch.compile`` of ``model`` held beside it: the weights stay ``_orig_mod``'s (memory and FLOPs are
-    read on it, as on ``torch.compile``'s own wrapper), and a compute dtype it declares is kept."""
+    read on it, as on ``torch.compile``'s own wrapper)."""
 
     def __init__(self, model: nn.Module, mode: CompileMode) -> None:
         super().__init__()
@@ -117,9 +126,6 @@ class _Compiled(nn.Module):
         compiled = torch.compile(model, mode=mode, dynamic=False)
         self._compiled: Callable[..., Any]
         object.__setattr__(self, "_compiled", compiled)  # not a submodule: the weights are _orig_mod's
-        declared = getattr(model, "pareto_compute_dtype", None)
-        if declared is not None:
-            self.pareto_compute_dtype = declared
 
 
 class StepMarked(_Compiled):

@@ -17,6 +17,8 @@ import torch
 from torch import nn
 
 from pareto.compress.base import Backend, Family, Technique, register
+from pareto.compress.compile import StepMarked
+from pareto.compress.served import GraphPool, Step
 from pareto.devices import as_args, model_device
 from pareto.errors import TechniqueError
 
@@ -38,8 +40,7 @@ class CudaGraphed(nn.Module):
 
     Attributes:
         _orig_mod: The module recorded (read for memory, FLOPs and export, as on ``torch.compile``'s wrapper).
-        pareto_graph_pool_bytes: Bytes the graphs' private memory pool holds.
-        pareto_compile_s: Seconds the first capture took (warm-up included): kept apart from latency.
+        graph_pool: The bytes the graphs' private memory pool holds (``Served.graph_pool``: counted in memory).
     """
 
     def __init__(self, module: nn.Module) -> None:
@@ -47,11 +48,7 @@ class CudaGraphed(nn.Module):
         self._orig_mod = module
         self._graphs: dict[tuple[Any, ...], tuple[torch.cuda.CUDAGraph, list[torch.Tensor], Any]] = {}
         self._pool: Any = None
-        self.pareto_graph_pool_bytes: int = 0
-        self.pareto_compile_s: float = 0.0
-        declared = getattr(module, "pareto_compute_dtype", None)
-        if declared is not None:
-            self.pareto_compute_dtype = declared
+        self.graph_pool = GraphPool()
 
     def forward(self, *args: Any) -> Any:
         with torch.inference_mode():
@@ -82,7 +79,7 @@ class CudaGraphed(nn.Module):
         with torch.cuda.graph(graph, pool=self._pool):
             static_output = self._orig_mod(*static_args)
         torch.cuda.synchronize(device)
-        self.pareto_graph_pool_bytes += max(0, torch.cuda.memory_reserved(device) - before)
+        self.graph_pool.reserved_bytes += max(0, torch.cuda.memory_reserved(device) - before)
         return graph, _tensors(static_args), static_output
 
 
@@ -114,10 +111,7 @@ def _signature(args: tuple[Any, ...]) -> tuple[Any, ...]:
 
 def _graphed_already(model: nn.Module) -> bool:
     """True when ``model`` replays CUDA graphs already (this technique, or torch.compile's cudagraph modes)."""
-    if isinstance(model, CudaGraphed):
-        return True
-    mode = getattr(model, "pareto_compile_mode", None)
-    return mode in {"reduce-overhead", "max-autotune"}
+    return isinstance(model, (CudaGraphed, StepMarked))
 
 
 @register
@@ -149,7 +143,11 @@ class CudaGraphs(Technique):
         return "torch.cuda.CUDAGraph" if self.available(device) is None else None
 
     def apply(self, model: nn.Module, task: Task) -> nn.Module:
-        """Return the model wrapped in ``CudaGraphed``, its graph recorded for ``task.example_input(task.batch_size)``.
+        """Return the model wrapped in ``CudaGraphed``, its first graph recorded (see ``build``)."""
+        return self.build(model, task).module
+
+    def build(self, model: nn.Module, task: Task) -> Step:
+        """``CudaGraphed(model)`` with its first graph recorded, the capture's seconds, and its memory pool.
 
         Raises:
             TechniqueError: not on CUDA, graphs recorded already, or the forward cannot be recorded
@@ -171,6 +169,5 @@ class CudaGraphs(Technique):
         except Exception as exc:  # a forward that syncs with the host or allocates per call cannot be recorded
             raise TechniqueError(f"{self.describe()}: the forward could not be recorded: {exc}") from exc
         torch.cuda.synchronize(device)
-        # a compiled model's compile seconds and the capture's: both kept apart from latency
-        graphed.pareto_compile_s = (getattr(model, "pareto_compile_s", None) or 0.0) + time.perf_counter() - start
-        return graphed
+        # the capture's seconds (added to a compiled model's compile seconds by the pipeline): apart from latency
+        return Step(graphed, seconds=time.perf_counter() - start, graph_pool=graphed.graph_pool)

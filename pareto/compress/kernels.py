@@ -62,7 +62,7 @@ def probe(technique: Technique, device: str) -> str | None:
     backend = "eager" if "eager" in technique.backends else technique.backends[0]
     try:
         config = Config(techniques=(technique,), batch_size=PROBE_BATCH, backend=backend)
-        model = apply(task.model, config, task, device=device)
+        model = apply(task.model, config, task, device=device).module
         with torch.inference_mode():
             out = model(*as_args(task.example_input(PROBE_BATCH)))
         finite = out.is_meta or bool(torch.isfinite(out.float()).all())  # a meta tensor has no values to check

@@ -8,7 +8,7 @@ the throughput sweep call it like any model. What the session holds is counted f
 its initializers are the module's parameters and buffers (weights of two or more dimensions are
 parameters, the rest buffers), so memory and compression ratio are those of the served graph. What
 ORT does inside a run is not visible from Python, so FLOPs and peak activations are those of the
-exported PyTorch module (``pareto_source``), the same graph before ORT's fusions.
+exported PyTorch module (``Served.source``), the same graph before ORT's fusions.
 
 ``ort_int8_dynamic`` quantizes the exported graph with ``onnxruntime.quantization.quantize_dynamic``:
 the tool a user would reach for without pareto.
@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from pareto.compress.base import Backend, Family, Technique, register
+from pareto.compress.served import Step
 from pareto.compress.tracing import calibration_inputs, first_line, quiet, trace_first
 from pareto.devices import as_args
 from pareto.errors import TechniqueError
@@ -109,9 +110,8 @@ class OrtModule(nn.Module):
     the cores from whatever runs next, which in an interleaved measurement is another model.
 
     Attributes:
-        pareto_source: The PyTorch module that was exported (not a submodule: its weights are not
-            the session's); FLOPs and activations are counted on it.
-        pareto_compute_dtype: "int8" for a graph with integer matrix products or QDQ pairs, else "fp32".
+        source: The PyTorch module that was exported (not a submodule: its weights are not the
+            session's); FLOPs and activations are counted on it (``Served.source``).
         onnx_bytes: The serialized graph, as ``pareto export`` writes it.
     """
 
@@ -120,17 +120,8 @@ class OrtModule(nn.Module):
         from onnx import numpy_helper
 
         self.onnx_bytes: bytes = proto.SerializeToString()
-        object.__setattr__(self, "pareto_source", source)
-        integer_ops = {
-            "MatMulInteger",
-            "ConvInteger",
-            "QLinearMatMul",
-            "QLinearConv",
-            "DynamicQuantizeMatMul",
-            "DequantizeLinear",  # a QDQ graph: ORT fuses the pairs into int8 kernels
-        }
-        ops = {node.op_type for node in proto.graph.node}
-        self.pareto_compute_dtype = "int8" if ops & integer_ops else "fp32"
+        self.source: nn.Module
+        object.__setattr__(self, "source", source)
         for index, initializer in enumerate(proto.graph.initializer):
             tensor = torch.from_numpy(numpy_helper.to_array(initializer).copy())
             name = f"initializer_{index}"
@@ -138,11 +129,6 @@ class OrtModule(nn.Module):
                 self.register_parameter(name, nn.Parameter(tensor, requires_grad=False))
             else:
                 self.register_buffer(name, tensor, persistent=False)
-        self.pareto_serving = (
-            f"served by ONNX Runtime {onnxruntime_version()} (CPUExecutionProvider, intra-op threads = torch's, "
-            "inter-op 1, no idle spinning) from a torch.onnx dynamo export; FLOPs and activations counted on "
-            "the exported PyTorch module, parameters on the graph's initializers"
-        )
         self._session: Any = None
         self._threads = 0
         self._names: list[str] = []
@@ -166,10 +152,6 @@ class OrtModule(nn.Module):
             self._threads = threads
         return self._session
 
-    def pareto_ready(self) -> None:
-        """Open the session at the current thread count now (the timer calls this before its warm-up)."""
-        self.session()
-
     def feed(self, args: tuple[Any, ...]) -> dict[str, Any]:
         """The session's input feed for ``model(*args)``: each tensor by its graph input's name, as numpy."""
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
@@ -183,8 +165,48 @@ class OrtModule(nn.Module):
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
 
-def to_onnxruntime(model: nn.Module, task: Task) -> OrtModule:
-    """Export ``model`` and open it in ONNX Runtime; the seconds it took are kept as ``pareto_compile_s``.
+#: ONNX Runtime ops that compute in int8: a graph with any of them computes in int8.
+INTEGER_OPS = frozenset(
+    {
+        "MatMulInteger",
+        "ConvInteger",
+        "QLinearMatMul",
+        "QLinearConv",
+        "DynamicQuantizeMatMul",
+        "DequantizeLinear",  # a QDQ graph: ORT fuses the pairs into int8 kernels
+    }
+)
+
+
+def graph_compute_dtype(proto: onnx.ModelProto) -> str:
+    """The dtype an ONNX graph computes in: "int8" with integer matrix products or QDQ pairs, else "fp32"."""
+    return "int8" if {node.op_type for node in proto.graph.node} & INTEGER_OPS else "fp32"
+
+
+def serving_note() -> str:
+    """How an ``OrtModule`` is served, for the measurement's method."""
+    return (
+        f"served by ONNX Runtime {onnxruntime_version()} (CPUExecutionProvider, intra-op threads = torch's, "
+        "inter-op 1, no idle spinning) from a torch.onnx dynamo export; FLOPs and activations counted on "
+        "the exported PyTorch module, parameters on the graph's initializers"
+    )
+
+
+def _served(module: OrtModule, proto: onnx.ModelProto, seconds: float) -> Step:
+    """The step that opened ``module``: its build seconds, the graph's compute dtype, the serving note, the
+    exported module (FLOPs and activations), and the session opened before a latency measurement's warm-up."""
+    return Step(
+        module,
+        seconds=seconds,
+        compute_dtype=graph_compute_dtype(proto),
+        notes=(serving_note(),),
+        source=module.source,
+        ready=module.session,
+    )
+
+
+def to_onnxruntime(model: nn.Module, task: Task) -> Step:
+    """Export ``model`` and open it in ONNX Runtime; the seconds it took are the step's (``Served.compile_s``).
 
     Raises:
         TechniqueError: ORT is missing, the model is not on the CPU, or it cannot be exported or loaded.
@@ -201,8 +223,7 @@ def to_onnxruntime(model: nn.Module, task: Task) -> OrtModule:
     except Exception as exc:  # e.g. initializers in a dtype torch cannot take from numpy (bfloat16)
         raise TechniqueError(f"the exported graph cannot be loaded: {type(exc).__name__}: {first_line(exc)}") from exc
     _first_call(module, task)
-    setattr(module, "pareto_compile_s", time.perf_counter() - start)  # noqa: B010  (read by pareto.assess.build)
-    return module
+    return _served(module, proto, time.perf_counter() - start)
 
 
 def _first_call(module: OrtModule, task: Task) -> None:
@@ -234,7 +255,11 @@ class _OrtGraphQuantizer(Technique):
         raise NotImplementedError
 
     def apply(self, model: nn.Module, task: Task) -> nn.Module:
-        """Return a new ``OrtModule`` with the quantized graph.
+        """Return a new ``OrtModule`` with the quantized graph (see ``build``)."""
+        return self.build(model, task).module
+
+    def build(self, model: nn.Module, task: Task) -> Step:
+        """A new ``OrtModule`` with the quantized graph, opened; the seconds opening it took.
 
         Raises:
             TechniqueError: ``model`` is not an ONNX Runtime module, or ORT's quantizer failed.
@@ -254,13 +279,12 @@ class _OrtGraphQuantizer(Technique):
             except Exception as exc:  # ORT's quantizer refuses some graphs: the trial fails with its reason
                 raise TechniqueError(f"{self.describe()} failed: {type(exc).__name__}: {first_line(exc)}") from exc
             proto = onnx.load(str(target))
-        quantized = OrtModule(proto, getattr(model, "pareto_source"))  # noqa: B009
+        quantized = OrtModule(proto, model.source)
         opened = time.perf_counter()
         _first_call(quantized, task)
-        # the export and the session count as build time (kept apart from latency); quantizing is compression
-        built = getattr(model, "pareto_compile_s", 0.0) + time.perf_counter() - opened
-        setattr(quantized, "pareto_compile_s", built)  # noqa: B010
-        return quantized
+        # the export and the sessions count as build time (the pipeline adds them up, apart from latency);
+        # quantizing is compression
+        return _served(quantized, proto, time.perf_counter() - opened)
 
 
 @register

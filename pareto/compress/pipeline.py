@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import hashlib
 import json
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from pareto.compress.base import Backend, Technique, canonical_key, conflict, get_technique
+from pareto.compress.served import Served, Step
 from pareto.errors import TechniqueError
 from pareto.naming import describe_config
 
@@ -86,21 +89,27 @@ class Config(BaseModel):
         return describe_config(self.to_dict())
 
 
-def apply(model: nn.Module, config: Config, task: Task, *, device: str | None = None) -> nn.Module:
-    """Return a compressed copy of ``model``; the original is never modified.
+def apply(model: nn.Module, config: Config, task: Task, *, device: str | None = None) -> Served:
+    """Return a compressed copy of ``model``, served as ``config`` says, with what is known about serving it.
 
-    This is where a model moves: the copy is put on ``device`` before the first technique, and the
-    techniques see the task's view there (``pareto.devices.on_device``: example inputs, training
-    batches and the reference model on the device), with ``batch_size`` set to the configuration's
-    (``compile`` warms up on it). Then the model is put on the configuration's backend (compiled, or
-    exported to ONNX Runtime), and the techniques that work on the served graph (``on_graph``: ORT's
-    quantizer) follow.
+    The original is never modified. This is where a model moves: the copy is put on ``device`` before the
+    first technique, and the techniques see the task's view there (``pareto.devices.on_device``:
+    example inputs, training batches and the reference model on the device), with ``batch_size`` set to
+    the configuration's (``compile`` warms up on it). Then the model is put on the configuration's
+    backend (compiled, or exported to ONNX Runtime), and the techniques that work on the served graph
+    (``on_graph``: ORT's quantizer) follow. What the techniques declare (``compute_dtype``,
+    ``inductor_freezing``, ``requires``) and what each serving step returns (its seconds, ONNX
+    Runtime's graph dtype and source module, a CUDA-graph pool) are gathered in the ``Served`` record.
 
     Args:
         model: The uncompressed model.
         config: The techniques, applied in canonical order, and the batch size.
         task: The task the model belongs to (``train_data`` for distillation and fine-tuning).
         device: Where to build and serve the copy ("cpu", "cuda:0"); None leaves it where ``model`` is.
+
+    Returns:
+        The record: ``module`` is what serves the configuration, ``eager`` the model before
+        torch.compile, ONNX Runtime or CUDA graphs, ``compile_s`` the seconds spent building those.
 
     Raises:
         TechniqueError: a technique broke on this model, or the backend cannot serve it (the reason is kept).
@@ -109,20 +118,44 @@ def apply(model: nn.Module, config: Config, task: Task, *, device: str | None = 
 
     where = device if device is not None else str(model_device(model))
     compressed = copy.deepcopy(model).eval().to(where)
-    served = dataclasses.replace(on_device(task, where), batch_size=config.batch_size)
-    for technique in (t for t in config.techniques if not t.on_graph):
-        compressed = _apply_one(technique, compressed, served)
+    view = dataclasses.replace(on_device(task, where), batch_size=config.batch_size)
+    on_module = [t for t in config.techniques if not t.on_graph]
+    for technique in (t for t in on_module if t.family != "compile"):
+        compressed = _apply_one(technique, compressed, view).module
         _route_around_fused_encoder_kernel(compressed)  # before the next technique (compile) sees it
-    compressed = _serve(compressed, config, served)
+    served = _declared(compressed, config.techniques)
+    for technique in (t for t in on_module if t.family == "compile"):  # torch.compile, CUDA graphs
+        served = served.then(_apply_one(technique, served.module, view))
+        _route_around_fused_encoder_kernel(served.module)
+    served = served.then(_serve(served, config, view))
     for technique in config.techniques:
         if technique.on_graph:
-            compressed = _apply_one(technique, compressed, served)
-    return compressed.eval()
+            served = served.then(_apply_one(technique, served.module, view))
+    served.module.eval()
+    return served
 
 
-def _apply_one(technique: Technique, model: nn.Module, task: Task) -> nn.Module:
+def _declared(model: nn.Module, techniques: tuple[Technique, ...]) -> Served:
+    """``model`` after its techniques, not served yet, with what they declare: the compute dtype torch
+    cannot tell (the last technique's that says), Inductor's freezing, the libraries loading it needs."""
+    dtypes = [t.compute_dtype for t in techniques if t.compute_dtype is not None]
+    return Served(
+        module=model,
+        eager=model,
+        compute_dtype=dtypes[-1] if dtypes else None,
+        requires=tuple(dict.fromkeys(name for t in techniques for name in t.requires())),
+        inductor_freezing=any(t.inductor_freezing for t in techniques),
+    )
+
+
+def _apply_one(technique: Technique, model: nn.Module, task: Task) -> Step:
+    return _reason_kept(technique, functools.partial(technique.build, model, task))
+
+
+def _reason_kept(technique: Technique, build: Callable[[], Step]) -> Step:
+    """``build()``; any failure but a ``TechniqueError`` becomes one that names ``technique`` and keeps the reason."""
     try:
-        return technique.apply(model, task)
+        return build()
     except TechniqueError:
         raise
     except Exception as exc:  # a model that breaks under a technique fails the trial, reason kept
@@ -162,17 +195,19 @@ def why_not_here(config: Config, task: Task | None, device: str) -> str | None:
     return None
 
 
-def _serve(model: nn.Module, config: Config, task: Task) -> nn.Module:
-    """``model`` on the configuration's backend; the build seconds stay on it as ``pareto_compile_s``."""
+def _serve(served: Served, config: Config, task: Task) -> Step:
+    """``served.module`` on the configuration's backend, with the seconds that took (None on eager)."""
     if config.backend == "compile":
         from pareto.compress.compile import Compile
 
-        return _apply_one(Compile(), model, task)  # the compile technique in its default mode
+        compile_ = Compile()  # the compile technique in its default mode; a PT2E graph with Inductor's freezing
+        build = functools.partial(compile_.build, served.module, task, freezing=served.inductor_freezing)
+        return _reason_kept(compile_, build)
     if config.backend == "onnxruntime":
         from pareto.compress.onnxrt import to_onnxruntime
 
-        return to_onnxruntime(model, task)
-    return model
+        return to_onnxruntime(served.module, task)
+    return Step(served.module)
 
 
 def _route_around_fused_encoder_kernel(model: nn.Module) -> None:

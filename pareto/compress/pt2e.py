@@ -136,16 +136,27 @@ class Int8Static(Technique):
     #: the float graph goes to torch.export: after any other quantization, so that it can say why it cannot
     order_in_family: ClassVar[int] = 5
     backends: ClassVar[tuple[Backend, ...]] = ("compile",)
+    #: its weights are int8 constants the graph dequantizes: the dtypes torch sees are float
+    compute_dtype: ClassVar[str | None] = "int8"
+    #: served compiled with Inductor's freezing (``pareto.compress.compile.FrozenCompiled``)
+    inductor_freezing: ClassVar[bool] = True
 
     def backend(self, device: str) -> str | None:
         flow, where = _pt2e()
         return f"{where} pt2e + inductor" if flow is not None else None
 
+    def requires(self) -> tuple[str, ...]:
+        """The library that registers the graph's quantize/dequantize operators: loading an export imports it."""
+        flow, library = _pt2e()
+        if flow is None:
+            return ()
+        return ("torchao" if library == "torchao" else "torch.ao.quantization",)
+
     def available(self, device: str, task: Task | None = None) -> str | None:
         return pt2e_reason(device)
 
     def apply(self, model: nn.Module, task: Task) -> nn.Module:
-        """Return the converted graph module, marked to be compiled with freezing.
+        """Return the converted graph module (the pipeline compiles it with freezing: ``inductor_freezing``).
 
         Raises:
             TechniqueError: the quantizer cannot run here, the model is not float32, is quantized
@@ -182,10 +193,6 @@ class Int8Static(Technique):
         _drop_unused_attributes(converted)
         _eval_only(converted)
         converted.requires_grad_(False)
-        converted.pareto_inductor_freezing = True  # read by pareto.compress.compile.Compile
-        converted.pareto_compute_dtype = "int8"  # read by pareto.measure.compute.compute_dtype
-        # the library that registers the graph's quantize/dequantize operators: loading an export imports it
-        converted.pareto_requires = ["torchao" if library == "torchao" else "torch.ao.quantization"]
         return converted
 
 

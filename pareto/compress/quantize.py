@@ -167,6 +167,9 @@ class Int8Dynamic(Technique):
     backends: ClassVar[tuple[Backend, ...]] = ("eager", "compile")
     family: ClassVar[Family] = "quantize"
     summary: ClassVar[str] = "int8 weights, activations quantized per batch on the fly, every nn.Linear"
+    #: torchao's int8 weights report the float dtype they stand for; the matmuls run on int8 activations
+    #: (torch.ao's quantized Linear says qint8 itself)
+    compute_dtype: ClassVar[str | None] = "int8"
 
     kernels: Literal["torch.ao", "torchao"] | None = None
 
@@ -218,12 +221,7 @@ class Int8Dynamic(Technique):
         if backend == "torchao":
             if device.startswith("cuda"):
                 linears = _int8_kernel_linears(self, linears)
-            quantized = _torchao_quantize(
-                self, model, _torchao_config("Int8DynamicActivationInt8WeightConfig"), linears
-            )
-            # its int8 weights report the float dtype they stand for; the matmuls run on int8 activations
-            setattr(quantized, "pareto_compute_dtype", "int8")  # noqa: B010  (read by measure.compute.compute_dtype)
-            return quantized
+            return _torchao_quantize(self, model, _torchao_config("Int8DynamicActivationInt8WeightConfig"), linears)
         if half:
             instead = "use kernels=torchao" if torchao else f"it {TORCHAO_HINT}"
             raise TechniqueError(
@@ -404,6 +402,8 @@ class Fp8(Technique):
     summary: ClassVar[str] = "float8 weights and activations per row, bfloat16 elsewhere (torchao, CUDA sm89+)"
     # after the casts (bf16 before it), beside the integer quantizations
     order_in_family: ClassVar[int] = 1
+    #: torchao's float8 weights report bfloat16
+    compute_dtype: ClassVar[str | None] = "fp8"
 
     def backend(self, device: str) -> str | None:
         return "torchao" if self.available(device) is None else None
@@ -431,9 +431,7 @@ class Fp8(Technique):
         ao, _ = _torchao()
         assert ao is not None
         config = _torchao_config("Float8DynamicActivationFloat8WeightConfig", granularity=ao.PerRow())
-        quantized = _torchao_quantize(self, model, config, eligible)
-        setattr(quantized, "pareto_compute_dtype", "fp8")  # noqa: B010  (read by measure.compute.compute_dtype)
-        return quantized
+        return _torchao_quantize(self, model, config, eligible)
 
 
 def _in_bfloat16(model: nn.Module, technique: Technique) -> nn.Module:

@@ -130,14 +130,16 @@ def arithmetic_intensity(flops: float, bytes_: float) -> float:
     return flops / bytes_ if bytes_ > 0 else math.inf
 
 
-def compute_cost(model: nn.Module, inputs: torch.Tensor | Sequence[Any]) -> ComputeCost:
+def compute_cost(
+    model: nn.Module, inputs: torch.Tensor | Sequence[Any], *, source: nn.Module | None = None
+) -> ComputeCost:
     """FLOPs, bytes moved and arithmetic intensity from one forward pass (see ``count_flops``, ``bytes_moved``).
 
-    An ONNX Runtime module's FLOPs are counted on the module it was exported from (ORT's kernels are
-    not visible to torch); its bytes moved use the served graph's weights.
+    An ONNX Runtime module's FLOPs are counted on ``source``, the module it was exported from
+    (``pareto.compress.Served.source``: ORT's kernels are not visible to torch); its bytes moved use
+    the served graph's weights.
     """
-    source = getattr(model, "pareto_source", None)
-    trace = _trace(source if isinstance(source, nn.Module) else model, inputs)
+    trace = _trace(source if source is not None else model, inputs)
     moved = bytes_moved(model, inputs, trace.outputs)
     return ComputeCost(
         flops=trace.flops,
@@ -196,15 +198,16 @@ def layer_costs(model: nn.Module, inputs: torch.Tensor | Sequence[Any]) -> list[
     return result
 
 
-def compute_dtype(model: nn.Module) -> str:
-    """The roofline dtype of the model's heavy math: "int8" when a Linear is dynamically quantized to
-    int8, else the floating dtype holding most parameter bytes ("fp32", "fp16", "bf16").
+def compute_dtype(model: nn.Module, declared: str | None = None) -> str:
+    """The roofline dtype of the model's heavy math: ``declared`` when given, else "int8" when a Linear is
+    dynamically quantized to int8, else the floating dtype holding most parameter bytes ("fp32", "fp16", "bf16").
 
-    fp32 on a GPU may run as TF32 when the user allows it (``torch.set_float32_matmul_precision``);
-    this says "fp32" regardless.
+    ``declared`` is what torch's dispatch cannot tell (``pareto.compress.Served.compute_dtype``: torchao's
+    int8 and float8 weights, a PT2E graph's int8 constants, the ops of an ONNX Runtime graph). fp32 on a
+    GPU may run as TF32 when the user allows it (``torch.set_float32_matmul_precision``); this says
+    "fp32" regardless.
     """
-    declared = getattr(model, "pareto_compute_dtype", None)  # an ONNX Runtime graph says what it runs
-    if isinstance(declared, str):
+    if declared is not None:
         return declared
     quantized = _dynamic_quantized_linear()
     if quantized is not None:

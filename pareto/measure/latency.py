@@ -52,11 +52,16 @@ ADAPTIVE_ROUNDS_FACTOR = 10
 
 @dataclass(frozen=True)
 class Timed:
-    """One model to time, with its inputs (a tensor or a tuple of arguments) and a label."""
+    """One model to time, with its inputs (a tensor or a tuple of arguments) and a label.
+
+    ``ready`` is called before the model's warm-up, at the timed thread count
+    (``pareto.compress.Served.ready``: ONNX Runtime opens its session there).
+    """
 
     model: nn.Module
     inputs: Any
     label: str = ""
+    ready: Callable[[], object] | None = None
 
 
 @dataclass(frozen=True)
@@ -159,14 +164,17 @@ def measure_latency(
     plan: RoundPlan | None = None,
     threads: int | None = None,
     probe: ContentionProbe | None = None,
+    ready: Callable[[], object] | None = None,
     **plan_fields: Any,
 ) -> LatencyResult:
     """Time one model in rounds (see ``measure_interleaved``); ``plan_fields`` build a ``RoundPlan``.
 
-    Example: ``measure_latency(model, x, device="cpu", samples=662, rounds=20)``.
+    ``ready`` is called before the warm-up (``Timed.ready``). Example:
+    ``measure_latency(model, x, device="cpu", samples=662, rounds=20)``.
     """
     plan = plan or RoundPlan(**plan_fields)
-    return measure_interleaved([Timed(model, inputs)], device=device, plan=plan, threads=threads, probe=probe)[0]
+    timed = Timed(model, inputs, ready=ready)
+    return measure_interleaved([timed], device=device, plan=plan, threads=threads, probe=probe)[0]
 
 
 def measure_interleaved(
@@ -248,9 +256,8 @@ def _measure_held(
         states = [_State(item, as_args(item.inputs)) for item in items]
         for state in states:
             state.item.model.eval()
-            ready = getattr(state.item.model, "pareto_ready", None)
-            if callable(ready):  # a runtime that binds its threads when it opens (ONNX Runtime): before warm-up
-                ready()
+            if state.item.ready is not None:  # a runtime that binds its threads when it opens (ONNX Runtime)
+                state.item.ready()
         timer = _timer(device)
         rng = np.random.default_rng(seed)
         with torch.inference_mode(), _gc_paused():

@@ -87,7 +87,9 @@ def tensor_bytes(obj: Any) -> int:
     return 0
 
 
-def activation_bytes(model: nn.Module, inputs: torch.Tensor | Sequence[Any], device: str) -> int:
+def activation_bytes(
+    model: nn.Module, inputs: torch.Tensor | Sequence[Any], device: str, *, source: nn.Module | None = None
+) -> int:
     """Peak activation bytes of one forward pass on one batch.
 
     On CUDA: the caching allocator's peak. One untimed forward runs first (so that lazily created
@@ -102,8 +104,8 @@ def activation_bytes(model: nn.Module, inputs: torch.Tensor | Sequence[Any], dev
     forward); the output is included. Scratch memory inside a kernel (oneDNN/FBGEMM workspaces) never
     reaches Python and is not seen, so this is a lower bound on the allocator's true peak. A
     ``torch.compile``d model is measured through the eager module it wraps (fused kernels may keep
-    fewer intermediates alive), an ONNX Runtime one through the module it was exported from (ORT's
-    arena is not visible from Python). For a
+    fewer intermediates alive), an ONNX Runtime one through the module it was exported from (``source``:
+    ORT's arena is not visible from Python). For a
     ``Sequential(Linear(a, h), ReLU(), Linear(h, b))`` at batch B it is ``4·B·(h + h)`` bytes (the
     first Linear's output and the ReLU's are alive together).
 
@@ -113,6 +115,8 @@ def activation_bytes(model: nn.Module, inputs: torch.Tensor | Sequence[Any], dev
         model: The module; called as ``model(*inputs)``.
         inputs: A tensor, or a tuple/list of tensors (non-tensor items are passed as they are).
         device: Where the model and inputs are: "cpu", "cuda:N" (or "meta": no data, shapes only).
+        source: The PyTorch module measured instead on the CPU, when ``model`` runs outside PyTorch
+            (``pareto.compress.Served.source``: the module exported to ONNX Runtime).
 
     Returns:
         Peak activation bytes (``ACTIVATION_METHOD_CPU`` / ``ACTIVATION_METHOD_CUDA`` name the method).
@@ -123,7 +127,7 @@ def activation_bytes(model: nn.Module, inputs: torch.Tensor | Sequence[Any], dev
     with torch.inference_mode():
         if device.startswith("cuda"):
             return _cuda_peak_bytes(model, args, device)
-        model = eager_module(model)  # a dispatch mode sees the eager ops, not a compiled graph's
+        model = eager_module(model, source)  # a dispatch mode sees the eager ops, not a compiled graph's
         held = [p for t in (*model.parameters(), *model.buffers()) for p in _plain_tensors(t)]
         known = {_storage_key(t) for t in held if _has_storage(t)}
         known |= {_storage_key(t) for t in args if isinstance(t, torch.Tensor) and _has_storage(t)}
@@ -133,14 +137,13 @@ def activation_bytes(model: nn.Module, inputs: torch.Tensor | Sequence[Any], dev
         return tracker.peak_bytes
 
 
-def eager_module(model: nn.Module) -> nn.Module:
-    """The eager module behind a ``torch.compile``d one (its ``_orig_mod``) or an ONNX Runtime one (the
-    module it was exported from, ``pareto_source``); any other module as it is."""
-    for attribute in ("_orig_mod", "pareto_source"):
-        original = getattr(model, attribute, None)
-        if isinstance(original, nn.Module):
-            return original
-    return model
+def eager_module(model: nn.Module, source: nn.Module | None = None) -> nn.Module:
+    """The eager module behind ``model``: ``source`` when given (the module an ONNX Runtime one was exported
+    from, ``pareto.compress.Served.source``), else a ``torch.compile``d one's ``_orig_mod``, else ``model``."""
+    if source is not None:
+        return source
+    original = getattr(model, "_orig_mod", None)
+    return original if isinstance(original, nn.Module) else model
 
 
 def activation_method(device: str) -> str:
@@ -206,6 +209,8 @@ def memory_breakdown(
     batch_size: int,
     attention: AttentionShape | None = None,
     kv_bytes_per_element: int | None = None,
+    source: nn.Module | None = None,
+    graph_pool_bytes: int = 0,
 ) -> MemoryBreakdown:
     """Measure every memory term of ``model`` at inference on one batch.
 
@@ -218,6 +223,10 @@ def memory_breakdown(
         kv_bytes_per_element: Bytes per cached element; None takes the element size of the model's
             floating-point parameters (its activations' dtype: dynamic int8 quantization keeps fp32
             activations), 4 when it has none.
+        source: The PyTorch module whose activations are measured when ``model`` runs outside
+            PyTorch (``pareto.compress.Served.source``); None measures ``model``.
+        graph_pool_bytes: Bytes a CUDA-graph replayer's private memory pool holds
+            (``pareto.compress.Served.graph_pool_bytes``), counted with the activations.
 
     Returns:
         The breakdown; ``method`` says how each term was obtained.
@@ -236,12 +245,12 @@ def memory_breakdown(
     )
     # a CUDA graph's private pool was reserved at capture and is held while it is served; a replay
     # allocates (almost) nothing, so the pool is what its activations take
-    pool = int(getattr(model, "pareto_graph_pool_bytes", 0) or 0)
+    pool = graph_pool_bytes
     if pool:
         method = method.replace("; KV cache:", f" + the CUDA graphs' private memory pool ({pool} B); KV cache:", 1)
     return MemoryBreakdown(
         params_bytes=params_bytes(model),
-        activation_bytes=activation_bytes(model, inputs, device) + pool,
+        activation_bytes=activation_bytes(model, inputs, device, source=source) + pool,
         kv_cache_bytes=kv,
         method=method,
     )

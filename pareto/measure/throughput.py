@@ -105,6 +105,7 @@ def throughput_curve(
     plan: RoundPlan | None = None,
     threads: int | None = None,
     slo_ms: float | None = None,
+    ready: Callable[[], object] | None = None,
     **plan_fields: Any,
 ) -> ThroughputCurve:
     """Measure latency at each batch size with ``measure_latency`` and derive T(B) = B / mean L(B).
@@ -121,6 +122,7 @@ def throughput_curve(
             from ``plan_fields`` (``samples=662, warmup=50``...).
         threads: Torch threads while timing; None keeps the current count.
         slo_ms: P99 SLO in ms for ``max_batch_within_slo``; None leaves it None.
+        ready: Called before each batch's warm-up (``measure_latency``'s; ONNX Runtime opens its session).
 
     Raises:
         UsageError: no batch sizes, a batch size below 1, the first batch out of memory, or a bad
@@ -133,7 +135,9 @@ def throughput_curve(
     method = ""
     for batch in batches:
         try:
-            result = measure_latency(model, example_input(batch), device=device, plan=plan, threads=threads)
+            result = measure_latency(
+                model, example_input(batch), device=device, plan=plan, threads=threads, ready=ready
+            )
         except torch.OutOfMemoryError:
             stopped_reason = f"batch {batch} ran out of device memory; larger batches not measured"
             break
