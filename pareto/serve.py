@@ -27,14 +27,14 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from sqlalchemy import text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 import pareto
 from pareto import api
-from pareto.errors import NoFeasibleConfiguration, NotFound, ParetoError, StoreError, UsageError
-from pareto.store.engine import check_path, open_engine, require_schema, resolve_url
+from pareto.errors import NoFeasibleConfiguration, NotFound, ParetoError, StoreError, UsageError, message_line
+from pareto.store.engine import check_path, open_engine, read_engine, require_schema, resolve_url
+from pareto.store.health import database_version, ping
 
 DESCRIPTION = """\
 Read-only queries over a pareto database: the studies, a study's Pareto frontier, and the best
@@ -101,13 +101,12 @@ class _Health:
         try:
             check_path(self.url, create=False)  # sqlite would create a missing file on connect
             engine = self._get()
-            with engine.connect() as connection:
-                connection.execute(text("SELECT 1"))
+            ping(engine)
             require_schema(engine)
         except StoreError as exc:
             return str(exc)
         except SQLAlchemyError as exc:
-            return f"The database does not answer: {_first_line(exc)}."
+            return f"The database does not answer: {_driver_message(exc)}."
         return None
 
     def _get(self) -> Engine:
@@ -120,18 +119,14 @@ class _Health:
 class _Answers:
     """The answers to repeated queries, kept while the database holds the same rows.
 
-    Before each ``best`` or ``frontier`` answer, one statement reads the database's version: the
-    highest measurement and environment ids, the number of studies and their latest update time.
+    Before each ``best`` or ``frontier`` answer, one statement reads the database's version
+    (``pareto.store.health.database_version``): the highest measurement and environment ids, the
+    number of studies and their latest update time.
     Every change that can alter such an answer moves one of them — a measurement or confirmation
     stored (the row a confirmation replaces is demoted in the same transaction), a study created,
     continued with a new SLO, or deleted — so a kept answer is returned only while it is still the
     answer, and a query that costs a database scan runs once per change, not once per request.
     """
-
-    VERSION = text(
-        "SELECT (SELECT MAX(id) FROM pareto_measurements), (SELECT MAX(id) FROM pareto_environments), "
-        "(SELECT COUNT(*) FROM pareto_studies), (SELECT MAX(updated_at) FROM pareto_studies)"
-    )
 
     def __init__(self, url: str, size: int = 512) -> None:
         self.url, self.size = url, size
@@ -158,8 +153,7 @@ class _Answers:
         return Response(rendered, status_code=status, media_type="application/json")
 
     def _version(self) -> tuple[Any, ...]:
-        with api._read_engine(self.url).connect() as connection:
-            return tuple(connection.execute(self.VERSION).one())
+        return database_version(read_engine(self.url))
 
     @staticmethod
     def _compute(compute: Callable[[], Any]) -> tuple[int, bytes]:
@@ -211,15 +205,21 @@ def create_app(db_url: str, token: str | None = None) -> FastAPI:
         description=DESCRIPTION,
         default_response_class=JSONText,
     )
-    health = _Health(url)
-    answers = _Answers(url)
+    _add_error_handlers(app)
+    _add_health_route(app, _Health(url))
+    app.include_router(_query_router(url, token, _Answers(url)))
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Each error as ``{"detail": reason}``: a pareto error at its status, a bad value 422, the database gone 503."""
 
     async def pareto_error(_request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ParetoError)
         return JSONText({"detail": str(exc)}, status_code=status_of(exc))
 
     async def database_error(_request: Request, exc: Exception) -> Response:
-        return JSONText({"detail": f"The database did not answer: {_first_line(exc)}."}, status_code=503)
+        return JSONText({"detail": f"The database did not answer: {_driver_message(exc)}."}, status_code=503)
 
     async def bad_value(_request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
@@ -228,6 +228,10 @@ def create_app(db_url: str, token: str | None = None) -> FastAPI:
     app.add_exception_handler(ParetoError, pareto_error)
     app.add_exception_handler(RequestValidationError, bad_value)  # one sentence, as every other error
     app.add_exception_handler(OperationalError, database_error)  # a database that went away while serving
+
+
+def _add_health_route(app: FastAPI, health: _Health) -> None:
+    """``GET /healthz``, which needs no token."""
 
     @app.get(
         "/healthz",
@@ -244,6 +248,9 @@ def create_app(db_url: str, token: str | None = None) -> FastAPI:
             return JSONText({"status": "unavailable", "detail": problem}, status_code=503)
         return JSONText({"status": "ok", "version": pareto.__version__})
 
+
+def _query_router(url: str, token: str | None, answers: _Answers) -> APIRouter:
+    """The data endpoints (``/studies``, a study's ``frontier`` and ``best``), behind the token when there is one."""
     responses = dict(_ERRORS)
     if token is not None:
         responses[401] = {"description": "No bearer token, or not the server's."}
@@ -254,6 +261,13 @@ def create_app(db_url: str, token: str | None = None) -> FastAPI:
         """Every study with its task, trial counts by state, SLO, objectives, environments and last
         nightly: the JSON of `pareto studies --json`."""
         return JSONText(api.studies(db=url))
+
+    _add_limit_routes(router, url, answers)
+    return router
+
+
+def _add_limit_routes(router: APIRouter, url: str, answers: _Answers) -> None:
+    """A study's ``frontier`` and ``best`` under the limits in the query string, kept by ``answers``."""
 
     @router.get("/studies/{name}/frontier", summary="A study's Pareto frontier", response_model=None, tags=["queries"])
     async def frontier(
@@ -305,9 +319,6 @@ def create_app(db_url: str, token: str | None = None) -> FastAPI:
             ),
         )
 
-    app.include_router(router)
-    return app
-
 
 #: The bearer scheme of ``--token-file`` (module level: the dependency's annotation must resolve here).
 _BEARER = HTTPBearer(auto_error=False, description="The token in the file given to `pareto serve --token-file`.")
@@ -329,6 +340,7 @@ def _bearer(token: str) -> Callable[..., None]:
     return require
 
 
-def _first_line(exc: BaseException) -> str:
+def _driver_message(exc: BaseException) -> str:
+    """The first line of the database driver's message under a SQLAlchemy error (its type when it has none)."""
     orig = getattr(exc, "orig", None) or exc
-    return (str(orig).strip().splitlines() or [type(orig).__name__])[0].rstrip(".")
+    return message_line(orig, empty=type(orig).__name__)

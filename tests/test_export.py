@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import io
 import json
@@ -21,7 +22,7 @@ from torch import nn
 
 import cli
 from pareto import Task
-from pareto.compress import Config, apply, registry
+from pareto.compress import Config, Served, apply, registry
 from pareto.errors import NoFeasibleConfiguration, NotFound, ParetoError, UsageError
 from pareto.export import TECHNIQUE_NOTES, TORCH_EXPORT, TORCHSCRIPT, environment_differences, export
 from pareto.measure.environment import fingerprint
@@ -265,7 +266,7 @@ def _inputs(task: Task, batch_size: int) -> tuple[Any, ...]:
 def _reference(study: str, config: dict[str, Any]) -> tuple[nn.Module, torch.Tensor]:
     """The measured model, rebuilt through pareto's own pipeline, and its outputs on the measured batch."""
     task = load_task(TINY if study == "tiny" else TRAINABLE)
-    model = apply(task.model, Config.from_dict(config), task, device="cpu")
+    model = apply(task.model, Config.from_dict(config), task, device="cpu").module
     with torch.inference_mode():
         return model, model(*_inputs(task, config["batch_size"]))
 
@@ -493,12 +494,13 @@ def test_environment_differences_compare_what_changes_latency() -> None:
 def test_an_artifact_whose_outputs_differ_is_not_kept(db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import pareto.export as module
 
-    serialize = module._serialize
+    serialize = module.serialize
 
-    def uncompressed(selection: Any, model: nn.Module, task: Task, *rest: Any) -> Any:
-        return serialize(selection, task.model, task, *rest)  # the wrong model: the check must catch it
+    def uncompressed(selection: Any, served: Served, task: Task, *rest: Any) -> Any:
+        wrong = dataclasses.replace(served, module=task.model)  # the wrong model: the check must catch it
+        return serialize(selection, wrong, task, *rest)
 
-    monkeypatch.setattr(module, "_serialize", uncompressed)
+    monkeypatch.setattr(module, "serialize", uncompressed)
     with pytest.raises(ParetoError, match="differ from the compressed model's"):
         export(out_dir=tmp_path / "x", study="tiny", trial=3, db=db, fresh_process=False)
     assert not (tmp_path / "x").exists()

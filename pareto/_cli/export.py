@@ -2,25 +2,20 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
-from pareto._cli.options import (
-    db_option,
-    environment_option,
-    err,
-    json_option,
-    out,
-    print_json,
-    slo_options,
-    study_option,
-)
+from pareto._cli.options import db_option, err, json_option, limits_options, out, print_json
+
+if TYPE_CHECKING:
+    from pareto.limits import Limits
 
 
 @click.command("export")
-@study_option
+@limits_options
 @click.option("--trial", type=click.IntRange(min=0), help="The trial to export.")
 @click.option("--best", "use_best", is_flag=True, help="Export the pick of `pareto best` under the SLOs.")
-@slo_options
 @click.option(
     "-o",
     "--output",
@@ -30,21 +25,10 @@ from pareto._cli.options import (
     help="Folder to write the artifact and manifest.json to (empty or absent).",
 )
 @click.option("--force", is_flag=True, help="Write into a non-empty folder, replacing an earlier export's files.")
-@environment_option
 @db_option
 @json_option
 def command(
-    study: str | None,
-    trial: int | None,
-    use_best: bool,
-    slo_p99: str | None,
-    min_accuracy: float | None,
-    max_memory: str | None,
-    output: str,
-    force: bool,
-    environment: str | None,
-    db: str | None,
-    as_json: bool,
+    limits: Limits, trial: int | None, use_best: bool, output: str, force: bool, db: str | None, as_json: bool
 ) -> None:
     """Rebuild a stored trial's compressed model and write it in a format plain torch loads, with manifest.json.
 
@@ -53,18 +37,7 @@ def command(
     """
     from pareto.export import export
 
-    result = export(
-        out_dir=output,
-        study=study,
-        trial=trial,
-        best=use_best,
-        slo_p99=slo_p99,
-        min_accuracy=min_accuracy,
-        max_memory=max_memory,
-        force=force,
-        environment=environment,
-        db=db,
-    )
+    result = export(limits, out_dir=output, trial=trial, best=use_best, force=force, db=db)
     for warning in result.warnings:
         err.print(warning, markup=False)
     manifest = result.manifest

@@ -1,0 +1,277 @@
+"""The ``manifest.json`` an export writes beside its artifact: what was exported, how to load and serve it
+as it was measured, what the reload check found, and where this environment differs from the measured one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pareto.export_artifact import ONNX, TORCH_EXPORT, TORCHSCRIPT, Artifact
+from pareto.export_check import tensors
+
+if TYPE_CHECKING:
+    from pareto.compress import Config
+    from pareto.export import Selection
+    from pareto.frontier import Candidate
+
+MANIFEST = "manifest.json"
+#: Bumped when a manifest field changes meaning.
+MANIFEST_VERSION = 1
+#: What differs between the measuring and the exporting environment that can change latency.
+ENVIRONMENT_FIELDS = ("device", "device_name", "driver", "cpu_model", "torch_version", "threads")
+
+#: What each built-in technique becomes in the artifact (tests check that every registered one has a line).
+TECHNIQUE_NOTES: dict[str, str] = {
+    "distill": "the trained student (a plain nn.Sequential); the teacher is not in the artifact",
+    "prune_structured": "smaller layers with the removed units, channels and heads gone; no masks",
+    "prune_unstructured": "dense weights holding exact zeros; dense kernels run them at dense speed, as measured",
+    "prune_2_4": "2:4 semi-structured sparse weights, as torch.export (else torch.jit.trace) holds them; CUDA sm80+",
+    "lowrank": "each factorized Linear as two thin Linears (W ≈ U·V)",
+    "finetune": "the fine-tuned weights in the same layers",
+    "bf16": "weights in bfloat16; the graph casts float inputs to bfloat16 and its outputs back to float32",
+    "fp16": "weights in float16; the graph casts float inputs to float16 and its outputs back to float32",
+    "int4_weight_only": "torchao int4 weight tensors traced into torchao's operators; loading needs torchao and CUDA",
+    "int8_dynamic": (
+        "torch.ao backend: quantized::linear_dynamic with packed int8 weights (TorchScript); "
+        "torchao backend: torchao's int8 operators (loading needs torchao)"
+    ),
+    "int8_weight_only": "torchao int8 weight tensors traced into torchao's operators; loading needs torchao",
+    "fp8": "torchao float8 weight tensors (per-row scales) in torchao's operators; loading needs torchao and CUDA",
+    "compile": "not in the graph: the artifact holds the eager module; the load line calls torch.compile with the mode",
+    "cuda_graphs": (
+        "not in the graph: the artifact holds the eager module; CUDA graphs are recorded where the model is served "
+        "(torch.cuda.graph per batch shape, replayed per call, as measured)"
+    ),
+    "int8_static": (
+        "the PT2E graph: int8 weights with quantize/dequantize operators (loading imports the library that "
+        "registers them: torchao, or torch.ao.quantization on older torch); the load line compiles it with "
+        "Inductor's freezing, which makes them oneDNN int8 kernels"
+    ),
+    "ort_int8_dynamic": "the ONNX graph with int8 weights (DynamicQuantizeLinear, MatMulInteger), as ORT ran it",
+    "ort_int8_static": "the ONNX graph with QuantizeLinear/DequantizeLinear pairs and calibrated scales, as ORT ran it",
+}
+
+
+def environment_differences(
+    measured: dict[str, Any], here: dict[str, Any], *, onnxruntime: bool = False, torchao: bool = False
+) -> list[dict[str, Any]]:
+    """The ``ENVIRONMENT_FIELDS`` that differ between where a trial was measured and where it is exported.
+
+    When both ran on the CPU, the device name is the CPU model: it is compared once, as ``cpu_model``.
+    With ``onnxruntime`` (a trial served by it), ONNX Runtime's version is compared too; with
+    ``torchao`` (an artifact that loads it), torchao's.
+    """
+    both_cpu = measured.get("device") == here.get("device") == "cpu"
+    fields = [f for f in ENVIRONMENT_FIELDS if not (f == "device_name" and both_cpu)]
+    if onnxruntime:
+        fields.append("onnxruntime_version")
+    if torchao:
+        fields.append("torchao_version")
+    return [
+        {"field": f, "measured": measured.get(f), "here": here.get(f)} for f in fields if measured.get(f) != here.get(f)
+    ]
+
+
+def _spec(value: Any, batch: int | None = None) -> list[dict[str, Any]]:
+    """Shape, dtype and device of each tensor; ``batch_dim`` 0 where dimension 0 is a batch that may vary."""
+    specs = []
+    for t in tensors(value):
+        spec: dict[str, Any] = {
+            "shape": list(t.shape),
+            "dtype": str(t.dtype).removeprefix("torch."),
+            "device": str(t.device),
+        }
+        if batch is not None:
+            spec["batch_dim"] = 0 if t.dim() >= 1 and t.shape[0] == batch else None
+        specs.append(spec)
+    return specs
+
+
+def _compile_call(artifact: Artifact, compile_mode: str, loaded: str) -> str:
+    """``torch.compile`` as measured: with Inductor's freezing and static shapes for a PT2E graph."""
+    if artifact.inductor_freezing:
+        return f'torch.compile({loaded}, mode="{compile_mode}", dynamic=False)'
+    return f'torch.compile({loaded}, mode="{compile_mode}")'
+
+
+def _load_line(artifact: Artifact, compile_mode: str | None, threads: int | None = None) -> str:
+    if artifact.format == ONNX:  # the session options the latency was measured with
+        return (
+            "import onnxruntime; options = onnxruntime.SessionOptions(); "
+            f"options.intra_op_num_threads = {threads or 0}; options.inter_op_num_threads = 1; "
+            'options.add_session_config_entry("session.intra_op.allow_spinning", "0"); '
+            f'session = onnxruntime.InferenceSession("{artifact.file}", options, providers=["CPUExecutionProvider"])'
+        )
+    freezing = compile_mode is not None and artifact.inductor_freezing
+    imports = ", ".join(["torch", *(["torch._inductor.config"] if freezing else []), *artifact.requires])
+    loaded = (
+        f'torch.export.load("{artifact.file}").module()'
+        if artifact.format == TORCH_EXPORT
+        else f'torch.jit.load("{artifact.file}")'
+    )
+    if compile_mode is not None:
+        loaded = _compile_call(artifact, compile_mode, loaded)
+    settings = "torch._inductor.config.freezing = True; " if freezing else ""
+    return f"import {imports}; {settings}model = {loaded}"
+
+
+def _serve_notes(config: Config, artifact: Artifact, compile_mode: str | None) -> list[str]:
+    """What serving the artifact as measured takes beyond its load line."""
+    notes = []
+    if artifact.inductor_freezing:
+        notes.append(
+            "compiled with static shapes: each new input shape compiles once, and Dynamo stops compiling after "
+            "torch._dynamo.config.recompile_limit shapes (8 by default; pareto allowed 64 while measuring): raise "
+            "it for a server that sees many batch sizes"
+        )
+    if compile_mode is not None and artifact.format == TORCHSCRIPT:
+        notes.append("torch.compile takes the TorchScript module but captures no graph from it; it runs as TorchScript")
+    if any(t.name == "cuda_graphs" for t in config.techniques):
+        notes.append(
+            "measured with CUDA graphs: record the loaded model's forward once per batch shape with "
+            "torch.cuda.graph (after a few warm-up calls on a side stream), then per request copy the input into "
+            "the graph's static input, replay, and clone the output; the latency includes that copy and clone"
+        )
+    if compile_mode in {"reduce-overhead", "max-autotune"} and config.techniques:
+        notes.append(
+            "a cudagraph mode on CUDA: call torch.compiler.cudagraph_mark_step_begin() before each request and "
+            "clone the outputs you keep (the next replay overwrites them), as measured"
+        )
+    return notes
+
+
+def build_manifest(
+    selection: Selection,
+    config: Config,
+    artifact: Artifact,
+    *,
+    files: dict[str, dict[str, Any]],
+    device: str,
+    here: dict[str, Any],
+    differences: list[dict[str, Any]],
+    inputs: tuple[Any, ...],
+    outputs: Any,
+    check: dict[str, Any],
+) -> dict[str, Any]:
+    """The ``manifest.json`` of an export: what it holds, how to load and serve it, and what the check found."""
+    import pareto
+
+    candidate = selection.candidate
+    compile_mode = next(
+        (str(t.params().get("mode", "default")) for t in config.techniques if t.name == "compile"),
+        "default" if config.backend == "compile" else None,
+    )
+    return {
+        "manifest_version": MANIFEST_VERSION,
+        "pareto_version": pareto.__version__,
+        "exported_at": datetime.now(timezone.utc).isoformat(),
+        "study": selection.study,
+        "task": selection.task,
+        "trial": selection.trial,
+        "chosen_by": selection.chosen_by,
+        "config": candidate.config,
+        "description": candidate.description,
+        "techniques": [
+            {
+                "name": t.name,
+                "family": t.family,
+                "params": t.params(),
+                "backend": t.backend(device),
+                "in_the_artifact": TECHNIQUE_NOTES.get(t.name, "applied by pareto before serialization"),
+            }
+            for t in config.techniques
+        ],
+        "metrics": candidate.metrics,
+        "metrics_note": "measured when the trial ran, not by this export; metrics.method says how",
+        "confirmation": candidate.confirmation,
+        "measured_environment": candidate.environment,
+        "export_environment": here,
+        "environment_differs": bool(differences),
+        "environment_differences": differences,
+        "artifact": _artifact_entry(artifact, config, candidate, compile_mode, here, device, check),
+        "serve": _serve_entry(artifact, config, candidate, compile_mode),
+        "inputs": _spec(inputs, config.batch_size if check["other_batch"]["matches"] else None),
+        "outputs": _spec(outputs),
+        "reload_check": check,
+        "files": files,
+        "files_note": "SHA-256 of every file this export wrote beside this manifest",
+    }
+
+
+def _artifact_entry(
+    artifact: Artifact,
+    config: Config,
+    candidate: Candidate,
+    compile_mode: str | None,
+    here: dict[str, Any],
+    device: str,
+    check: dict[str, Any],
+) -> dict[str, Any]:
+    """The manifest's ``artifact``: the file, how to load it, what it needs, at which batch sizes it runs."""
+    other = check["other_batch"]
+    if other["matches"]:
+        batch_note = f"runs at other batch sizes too (checked at batch {other['batch_size']})"
+    elif other["runs"]:
+        batch_note = (
+            f"at batch {other['batch_size']} it runs but its outputs differ from the model's: "
+            f"serve it at batch {config.batch_size}"
+        )
+    else:
+        batch_note = f"runs at batch {config.batch_size} only (batch {other['batch_size']} failed: {other['error']})"
+    return {
+        "file": artifact.file,
+        "format": artifact.format,
+        "why": artifact.why,
+        "load": _load_line(artifact, compile_mode, candidate.environment.get("threads")),
+        "load_note": (
+            "run from this folder (the path is relative), then: "
+            + (
+                "y = session.run(None, {i.name: x.numpy() for i, x in zip(session.get_inputs(), inputs)})"
+                if artifact.format == ONNX
+                else "with torch.inference_mode(): y = model(x)"
+            )
+        ),
+        "requires": [*artifact.requires] if artifact.format == ONNX else ["torch", *artifact.requires],
+        "torch_version": here["torch_version"],
+        "device": device,
+        "dynamic_batch": other["matches"],
+        "batch_note": batch_note,
+    }
+
+
+def _serve_entry(artifact: Artifact, config: Config, candidate: Candidate, compile_mode: str | None) -> dict[str, Any]:
+    """The manifest's ``serve``: the batch size, threads, backend and compile call the latency was measured with."""
+    return {
+        "batch_size": config.batch_size,
+        "batch_note": "the stored latency was measured at this batch size only",
+        "threads": candidate.environment.get("threads"),
+        "threads_note": (
+            "the stored latency was measured with SessionOptions.intra_op_num_threads = threads, "
+            "inter_op_num_threads = 1 and idle spinning off (session.intra_op.allow_spinning = 0)"
+            if artifact.format == ONNX
+            else "the stored latency was measured with torch.set_num_threads(threads) on this device"
+        ),
+        "backend": config.backend,
+        "torch_compile": (
+            {
+                "mode": compile_mode,
+                "call": f"model = {_compile_call(artifact, compile_mode, 'model')}",
+                "inductor_config": {"freezing": True} if artifact.inductor_freezing else {},
+            }
+            if compile_mode is not None
+            else None
+        ),
+        "notes": _serve_notes(config, artifact, compile_mode),
+    }
+
+
+def sha256(path: Path) -> str:
+    """The SHA-256 of a file, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
