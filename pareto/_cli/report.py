@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from pareto._cli.options import count, db_option, environment_option, err, out, slo_options, study_option
+from pareto._cli.options import count, db_option, err, limits_options, out
+
+if TYPE_CHECKING:
+    from pareto.limits import Limits
 
 
 @click.command("report")
-@study_option
+@limits_options
 @click.option(
     "-o",
     "--output",
@@ -19,20 +23,9 @@ from pareto._cli.options import count, db_option, environment_option, err, out, 
     type=click.Path(path_type=Path),
     help="Folder to write index.html and its PNG figures into (created; must be empty unless --force).",
 )
-@slo_options
-@environment_option
 @click.option("--force", is_flag=True, help="Write into a folder that already holds files (same names replaced).")
 @db_option
-def command(
-    study: str | None,
-    out_dir: Path,
-    slo_p99: str | None,
-    min_accuracy: float | None,
-    max_memory: str | None,
-    environment: str | None,
-    force: bool,
-    db: str | None,
-) -> None:
+def command(limits: Limits, out_dir: Path, force: bool, db: str | None) -> None:
     """Write a study's report: Pareto front, latency CDFs, roofline, throughput, compression vs speedup.
 
     The page (DIR/index.html) needs nothing but the PNGs beside it; nothing in the database changes.
@@ -40,16 +33,7 @@ def command(
     """
     from pareto.html_report import write_report
 
-    result = write_report(
-        out_dir,
-        study=study,
-        slo_p99=slo_p99,
-        min_accuracy=min_accuracy,
-        max_memory=max_memory,
-        environment=environment,
-        force=force,
-        db=db,
-    )
+    result = write_report(out_dir, limits, force=force, db=db)
     if result["note"]:
         err.print(result["note"], markup=False)
     out.print(f"{result['index']} ({count(len(result['figures']), 'figure')})", markup=False, soft_wrap=True)
