@@ -198,10 +198,6 @@ def _study_and_environment(session: Session, limits: Limits) -> tuple[Study, Env
     return row, queries.choose_environment(session, row, limits.environment, known), known
 
 
-#: ``pareto.serve`` reads through the store's engine cache under this older name too.
-_read_engine = read_engine
-
-
 def trials(limits: Limits | None = None, /, *, db: str | None = None, **keywords: Any) -> list[dict[str, Any]]:
     """Every completed trial of a study measured in one environment (default: the latest), in trial
     order, each with its SLO judgement (``slo``) and its preferred measurement (confirmed first).
