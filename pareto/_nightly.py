@@ -5,14 +5,19 @@ One job, for one study, holding the study's nightly lock (``pareto.locks.study_l
 1. marks any nightly of the study still "running" as interrupted (its process died: the lock is ours);
 2. compares this environment with the last nightly's, and says what changed;
 3. re-measures the pick and the frontier of the last environment in interleaved rounds with the
-   baseline, here (``pareto.confirmation.confirm``): stored as confirmations of this environment;
-4. compares each with its earlier measurement (``pareto.regression.compare``);
+   baseline and the study's frozen reference, here (``pareto.confirmation.confirm``): stored as
+   confirmations of this environment;
+4. compares each with its level over past nights with the machine's drift taken out, against the
+   noise band the study's history shows (``pareto._nightly_drift``, ``pareto.regression``), and looks
+   for a change point in the pick's series;
 5. spends the rest of its time budget on new trials (``pareto._search.run_search``);
 6. writes a Markdown and a JSON summary, and the history row ``pareto history`` shows.
 
-The job's status: ok (exit 0); regression, the pick lost its SLO or got slower (exit 3); noisy, the
-contention guard gave up on the pick, so nothing can be said about it tonight (exit 75); a job
-stopped by Ctrl-C or SIGTERM is stored as interrupted.
+The job's status: ok (exit 0); regression, the pick lost its SLO, got slower (found again by a second
+pass) or shows a new slower change point (exit 3); noisy, the contention guard gave up on the pick, a
+second pass did not find what the first did, or the pick missed its SLO only by the machine's
+slowness, so nothing can be said about it tonight (exit 75); a job stopped by Ctrl-C or SIGTERM is
+stored as interrupted.
 """
 
 from __future__ import annotations
@@ -30,11 +35,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from pareto._nightly_drift import BenchReferences, Measured, NightDrift, drift_lines
 from pareto._signals import handled
 from pareto.errors import UsageError
 from pareto.frontier import Candidate, Constraints, best_or_none, frontier, objective_metrics
 from pareto.locks import study_lock
-from pareto.regression import Comparison, compare
+from pareto.regression import Comparison, compare, compare_corrected, not_compared
 from pareto.spec import NightlySettings, SearchSpec
 from pareto.store import queries, trials
 from pareto.store.engine import check_path, open_engine, session_scope, upgrade
@@ -163,7 +169,8 @@ class _Job:
         before = _load(bench, study_id, reference)
         pick_before = best_or_none(before, self.constraints, study=self.spec.study_name)
         front_before = frontier(before, objective_metrics(self.spec.objectives))
-        comparisons, noisy = self._remeasure(bench, study_id, pick_before, front_before)
+        self.drift = self._open_drift(bench, study_id, pick_before)
+        comparisons, noisy = self._remeasure(bench, study_id, pick_before, front_before, "first pass")
         self.terminated.check()
         comparisons, noisy = self._reproduce(bench, study_id, pick_before, comparisons, noisy)
         self.terminated.check()
@@ -172,8 +179,14 @@ class _Job:
         after = _load(bench, study_id, bench.env_id)
         pick_after = best_or_none(after, self.constraints, study=self.spec.study_name)
         front_after = frontier(after, objective_metrics(self.spec.objectives))
+        self._measure_new_pick(bench, study_id, pick_after)
         pick_comparison = next((c for c in comparisons if pick_before and c.trial == pick_before.trial), None)
-        regression = pick_comparison is not None and pick_comparison.regression
+        change = self._change_point(pick_before)
+        if pick_comparison is not None and pick_comparison.machine_missed_slo:
+            noisy = True  # the pick missed its SLO tonight only by the machine's slowness: no verdict
+        regression = (pick_comparison is not None and pick_comparison.regression) or (
+            change is not None and change["new"] and not noisy
+        )
         status = "regression" if regression else "noisy" if noisy else "ok"
         self.summary.update(
             status=status,
@@ -186,18 +199,26 @@ class _Job:
             comparisons=[c.to_dict() for c in comparisons],
             regressions=[c.to_dict() for c in comparisons if c.regression and c is pick_comparison],
             slower_elsewhere=[c.to_dict() for c in comparisons if c.regression and c is not pick_comparison],
+            change_point=change,
+            drift=self.drift.to_dict(),
             trials_run=trials_run,
             search_stopped_busy=stopped_busy,
             elapsed_s=round(time.monotonic() - self.started, 1),
         )
+        return self._close(row_id, status, pick_before, pick_after, trials_run)
+
+    def _close(
+        self, row_id: int, status: str, pick_before: Candidate | None, pick_after: Candidate | None, trials_run: int
+    ) -> NightlyResult:
         markdown_path, json_path = self._write_summary()
+        change = self.summary.get("change_point")
         self._close_history(
             row_id,
             status,
             pick_before=pick_before.trial if pick_before else None,
             pick_after=pick_after.trial if pick_after else None,
             trials_run=trials_run,
-            regressions=len(self.summary["regressions"]),
+            regressions=len(self.summary["regressions"]) + int(bool(change and change["new"])),
             summary_path=str(json_path),
         )
         code = EXIT_REGRESSION if status == "regression" else EXIT_TEMPFAIL if status == "noisy" else 0
@@ -248,10 +269,22 @@ class _Job:
             session.flush()
             return study.id, row.id, reference
 
+    def _open_drift(self, bench: Any, study_id: int, pick: Candidate | None) -> NightDrift:
+        """Past nights in this environment, the reference workload and the noise band they give."""
+        with session_scope(self.engine) as session:
+            summaries = trials.nightly_summaries(session, study_id, bench.env_id)
+        references = BenchReferences(bench, study_id, self.notice)
+        drift = NightDrift(summaries, false_alarm=self.settings.false_alarm, references=references)
+        drift.pick_trial = pick.trial if pick is not None else None
+        if pick is not None:
+            for band in drift.bands.values():
+                self.notice(f"Drift-corrected comparison: {band.describe()}.")
+        return drift
+
     def _remeasure(
-        self, bench: Any, study_id: int, pick: Candidate | None, front: list[Candidate]
+        self, bench: Any, study_id: int, pick: Candidate | None, front: list[Candidate], label: str
     ) -> tuple[list[Comparison], bool]:
-        """Re-measure the pick and the frontier here, with the baseline; compare with before."""
+        """Re-measure the pick and the frontier here, with the baseline and the reference; compare with before."""
         from pareto.confirmation import confirm
 
         chosen = ([pick] if pick else []) + [c for c in front if pick is None or c.trial != pick.trial]
@@ -259,9 +292,14 @@ class _Job:
         if not chosen:
             self.notice("Nothing to re-measure yet: the study has no measured configurations.")
             return [], False
-        self.notice(f"Re-measuring {len(chosen)} configurations with the baseline in interleaved rounds.")
-        result = confirm(bench, study_id, chosen, self.constraints, seed=self.spec.search.seed)
+        self.notice(
+            f"Re-measuring {len(chosen)} configurations with the baseline and the reference in interleaved rounds."
+        )
+        reference = self.drift.timed(chosen[0])
+        result = confirm(bench, study_id, chosen, self.constraints, seed=self.spec.search.seed, reference=reference)
         self.summary["remeasure_guard"] = result.guard
+        measured = self.drift.record(result, label)
+        baselines = [m for m in measured.values() if m.is_baseline]
         by_trial = {c.trial: c for c in chosen}
         comparisons, noisy = [], False
         for item in result.items:
@@ -272,18 +310,47 @@ class _Job:
                 self.notice(f"Trial {item.trial} could not be re-measured: {item.busy_reason}.")
                 continue
             after = _measurement_of(bench, study_id, item.trial, result.runs)
-            comparisons.append(
-                compare(
-                    item.trial,
-                    item.description,
-                    by_trial[item.trial].metrics,
-                    after,
-                    slo_ms=self.constraints.p99_ms,
-                    threshold=self.settings.threshold,
-                    p_value=self.settings.p_value,
-                )
-            )
+            before = by_trial[item.trial].metrics
+            comparisons.append(self._compare(item.trial, item.description, before, after, measured, baselines))
         return comparisons, noisy
+
+    def _compare(
+        self,
+        trial: int,
+        description: str,
+        before: dict[str, Any],
+        after: dict[str, Any],
+        measured: dict[int, Measured],
+        baselines: list[Measured],
+    ) -> Comparison:
+        """Drift-corrected when this trial has a level here, else absolute; never across environments."""
+        ratios = self.drift.ratios(measured[trial]) if trial in measured else None
+        if ratios is not None:
+            known = [r for r in map(self.drift.ratios, baselines) if r is not None]
+            return compare_corrected(
+                trial,
+                description,
+                before,
+                after,
+                ratios=ratios,
+                bands=self.drift.bands,
+                reference_ratio=self.drift.reference_ratio(),
+                reference_p99_ratio=self.drift.reference_ratio("p99"),
+                baseline_ratios=known[0] if known else None,
+                slo_ms=self.constraints.p99_ms,
+            )
+        if self.summary.get("environment_changes"):
+            why = "last measured in another environment: not compared; its history here starts tonight"
+            return not_compared(trial, description, before, after, why)
+        return compare(
+            trial,
+            description,
+            before,
+            after,
+            slo_ms=self.constraints.p99_ms,
+            threshold=self.settings.threshold,
+            p_value=self.settings.p_value,
+        )
 
     def _reproduce(
         self, bench: Any, study_id: int, pick: Candidate | None, comparisons: list[Comparison], noisy: bool
@@ -299,7 +366,7 @@ class _Job:
         if first is None or not first.regression:
             return comparisons, noisy
         self.notice(f"The pick (trial {first.trial}) looks like a regression ({first.reason}); measuring it again.")
-        again, busy = self._remeasure(bench, study_id, pick, [])
+        again, busy = self._remeasure(bench, study_id, pick, [], "second pass")
         second = next((c for c in again if c.trial == first.trial), None)
         self.summary["first_pass"] = first.to_dict()
         if second is not None and second.regression and not busy:
@@ -312,6 +379,33 @@ class _Job:
             second or first, regression=False, reason=f"a first pass found, a second did not: {first.reason}"
         )
         return [kept if c is first else c for c in comparisons], True
+
+    def _measure_new_pick(self, bench: Any, study_id: int, pick: Candidate | None) -> None:
+        """A pick found tonight is measured beside the reference now, so tomorrow compares it drift-corrected."""
+        from pareto.confirmation import confirm
+
+        if pick is None or any(m.trial == pick.trial for m in self.drift.measured):
+            return
+        reference = self.drift.timed(pick)
+        if reference is None:
+            return
+        self.notice(f"Measuring the new pick (trial {pick.trial}) beside the reference, for tomorrow's comparison.")
+        result = confirm(bench, study_id, [pick], self.constraints, seed=self.spec.search.seed, reference=reference)
+        self.drift.record(result, "new pick")
+
+    def _change_point(self, pick: Candidate | None) -> dict[str, Any] | None:
+        """A slower change point in the pick's drift-corrected series (e-divisive means), tonight included."""
+        if pick is None:
+            return None
+        found = self.drift.find_change_point(pick.trial, self.summary["started_at"])
+        if found is not None:
+            since = found["since"][:10] or "?"
+            state = "new tonight" if found["new"] else "reported before"
+            self.notice(
+                f"Change point in the pick's drift-corrected P99: ×{found['ratio']:.2f} since the night of {since} "
+                f"({state}, permutation p = {found['p_value']:.3g})."
+            )
+        return found
 
     def _search_on(self) -> tuple[int, bool]:
         """New trials for the time left."""
@@ -425,21 +519,10 @@ def summary_markdown(summary: dict[str, Any]) -> str:
                 if bound is not None
                 else f"- {label}: trial {pick['trial']} {pick['description']}"
             )
-    if summary.get("comparisons"):
-        lines += [
-            "",
-            "## Re-measured (interleaved with the baseline)",
-            "",
-            "| trial | configuration | P99 before | P99 now | ratio | test | verdict | finding |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-        for c in summary["comparisons"]:
-            test = c["test"] + (f" p={c['p_value']:.2g}" if c["p_value"] is not None else "")
-            verdict = f"{c['verdict_before']} → {c['verdict_after']}" if c["verdict_before"] else "—"
-            lines.append(
-                f"| {c['trial']} | {c['description']} | {c['p99_before_ms']:.3g} ms | {c['p99_after_ms']:.3g} ms | "
-                f"{c['ratio']:.2f} | {test} | {verdict} | {c['reason']} |"
-            )
+    lines += _comparison_markdown(summary.get("comparisons") or [])
+    drift = drift_lines(summary)
+    if drift:
+        lines += ["", "## Drift-corrected", "", *(f"- {line}" for line in drift)]
     lines += [
         "",
         "## Frontier",
@@ -456,3 +539,31 @@ def summary_markdown(summary: dict[str, Any]) -> str:
             "regression one pass found was not found again by a second. Nothing was concluded.",
         ]
     return "\n".join(lines) + "\n"
+
+
+def _comparison_markdown(comparisons: list[dict[str, Any]]) -> list[str]:
+    if not comparisons:
+        return []
+    lines = [
+        "",
+        "## Re-measured (interleaved with the baseline and the reference)",
+        "",
+        "| trial | configuration | P99 before | P99 now | ratio | drift-corrected × (P50, P99) | test | verdict "
+        "| finding |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in comparisons:
+        test = c["test"] + (f" p={c['p_value']:.2g}" if c["p_value"] is not None else "")
+        verdict = f"{c['verdict_before']} → {c['verdict_after']}" if c["verdict_before"] else "—"
+        lines.append(
+            f"| {c['trial']} | {c['description']} | {c['p99_before_ms']:.3g} ms | {c['p99_after_ms']:.3g} ms | "
+            f"{c['ratio']:.2f} | {corrected_text(c)} | {test} | {verdict} | {c['reason']} |"
+        )
+    return lines
+
+
+def corrected_text(comparison: dict[str, Any]) -> str:
+    """ "×1.02, ×1.10" for a drift-corrected comparison, "—" for another."""
+    if comparison.get("corrected_ratio") is None:
+        return "—"
+    return f"×{comparison['corrected_p50_ratio']:.2f}, ×{comparison['corrected_ratio']:.2f}"

@@ -18,12 +18,14 @@ from pareto.store.engine import open_engine, session_scope, upgrade
 from pareto.store.models import Measurement, Run, utcnow
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from sqlalchemy.engine import Engine
     from torch import nn
 
     from pareto.compress import Config, Served
     from pareto.devices import DeviceTask
-    from pareto.measure.latency import LatencyResult, RoundPlan
+    from pareto.measure.latency import LatencyResult, RoundPlan, Timed
     from pareto.measure.probe import ContentionProbe
     from pareto.measure.roofline import HardwareProfile
     from pareto.spec import Measure
@@ -207,6 +209,20 @@ def time_together(
     Raises:
         TechniqueError: a configuration broke the model.
     """
+    return time_beside(bench, configs, (), plan=plan, probe=probe, seed=seed)[0]
+
+
+def time_beside(
+    bench: Bench,
+    configs: list[Config],
+    beside: Sequence[Timed],
+    *,
+    plan: RoundPlan,
+    probe: ContentionProbe | None,
+    seed: int | None = None,
+) -> tuple[list[tuple[Built, LatencyResult]], list[LatencyResult]]:
+    """``time_together``, with ``beside`` (already built, on the bench's device) timed in the same
+    rounds: the nightly's frozen reference workload. Returns the configurations' results and theirs."""
     from pareto.measure.latency import Timed, measure_interleaved
 
     built: dict[str, Built] = {}
@@ -219,10 +235,10 @@ def time_together(
         for b in unique
     ]
     latencies = measure_interleaved(
-        items, device=bench.device, plan=plan, threads=bench.threads, probe=probe, seed=seed
+        [*items, *beside], device=bench.device, plan=plan, threads=bench.threads, probe=probe, seed=seed
     )
-    by_key = {b.config.key(): (b, latency) for b, latency in zip(unique, latencies, strict=True)}
-    return [by_key[config.key()] for config in configs]
+    by_key = {b.config.key(): (b, latency) for b, latency in zip(unique, latencies, strict=False)}
+    return [by_key[config.key()] for config in configs], latencies[len(items) :]
 
 
 def finish_run(bench: Bench, run: RunHandle, **details: Any) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pareto._runs import (
     Bench,
@@ -24,7 +24,7 @@ from pareto._runs import (
     start_run,
     store_measurement,
     stored_metrics,
-    time_together,
+    time_beside,
 )
 from pareto.compress import Config, why_not_here
 from pareto.errors import MachineBusy, NoFeasibleConfiguration, UsageError
@@ -43,6 +43,9 @@ from pareto.slo import P99_BOUND_METRIC
 from pareto.store import queries
 from pareto.store.engine import session_scope
 from pareto.store.models import Environment, Study, Trial
+
+if TYPE_CHECKING:
+    from pareto.measure.latency import LatencyResult, Timed
 
 
 @dataclass
@@ -68,6 +71,9 @@ class ConfirmResult:
     items: list[ConfirmedItem] = field(default_factory=list)
     guard: str = ""
     note: str | None = None
+    #: the reference workload timed in the same rounds (``confirm(..., reference=)``): its latency
+    #: view, with ``busy``; None when none was timed
+    reference: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -78,6 +84,7 @@ class ConfirmResult:
             "guard": self.guard,
             "note": self.note,
             "items": [item.__dict__ for item in self.items],
+            "reference": self.reference,
         }
 
     @classmethod
@@ -91,6 +98,7 @@ class ConfirmResult:
             items=[ConfirmedItem(**item) for item in data["items"]],
             guard=data["guard"],
             note=data["note"],
+            reference=data.get("reference"),
         )
 
 
@@ -141,12 +149,19 @@ MACHINE_FIELDS = (
 
 
 def confirm(
-    bench: Bench, study_id: int, picks: list[Candidate], constraints: Constraints, *, seed: int | None = None
+    bench: Bench,
+    study_id: int,
+    picks: list[Candidate],
+    constraints: Constraints,
+    *,
+    seed: int | None = None,
+    reference: Timed | None = None,
 ) -> ConfirmResult:
     """Re-measure ``picks`` and the baseline at their batch sizes in interleaved rounds; store the results.
 
     The run is its own: confirmed speedups divide by the baseline timed in these same rounds. A
     configuration whose rounds the contention guard gave up on is reported as busy and not stored.
+    ``reference`` (the nightly's frozen workload) is timed in the same rounds and reported, not stored.
     """
     from pareto.assess import round_plan
 
@@ -173,14 +188,17 @@ def confirm(
             raise UsageError(f"{what} cannot be measured here: {why}.")
     run = start_run(bench, kind="confirm", study_id=study_id)
     result.run, result.runs = run.run_id, [run.run_id]
-    timed = time_together(
+    timed, beside = time_beside(
         bench,
         [config for _, _, _, config in entries],
-        plan=round_plan(bench.measure, constraints.p99_ms),
+        [reference] if reference is not None else [],
+        plan=round_plan(bench.measure, constraints.p99_ms, adaptive=False if reference is not None else None),
         probe=run.probe,
         seed=seed,
     )
     latencies = [latency for _, latency in timed]
+    if beside:
+        result.reference = _reference_view(beside[0])
     for (trial_id, pick, stored, config), latency in zip(entries, latencies, strict=True):
         result.items.append(_record(bench, run, trial_id, pick, stored, config, latency, constraints))
     result.guard = guard_summary(latencies)
@@ -240,6 +258,20 @@ def _record(
     item.after = _latency_view(after)
     item.verdict_after = p99_verdict(after, constraints.p99_ms) if constraints.p99_ms else None
     return item
+
+
+def _reference_view(latency: LatencyResult) -> dict[str, Any]:
+    s = latency.summary
+    return {
+        "latency_p50_ms": s.p50_ms,
+        "latency_p99_ms": s.p99_ms,
+        "latency_p99_lower_ms": s.p99_lower_ms,
+        "latency_p99_upper_ms": s.p99_upper_ms,
+        "samples": s.samples,
+        "rounds": s.rounds,
+        "discarded_rounds": latency.discarded_rounds,
+        "busy": latency.busy,
+    }
 
 
 def _latency_view(metrics: dict[str, Any]) -> dict[str, Any]:

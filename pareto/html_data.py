@@ -42,6 +42,8 @@ class ReportData:
     baseline: dict[str, Any] | None
     environment: dict[str, Any] | None
     ceilings: dict[str, Ceilings | str] = field(default_factory=dict)
+    #: the study's nightly runs in this environment, oldest first (``pareto history``'s rows)
+    nightly: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def focus(self) -> dict[str, Any] | None:
@@ -108,6 +110,9 @@ def load_data(limits: Limits, db: str | None) -> ReportData:
         environment=rows[0]["environment"] if rows else None,
     )
     data.ceilings = _ceilings(rows, db)
+    if data.environment is not None:
+        key = data.environment.get("key")
+        data.nightly = [r for r in api.history(study=name, db=db) if r["environment"] == key]
     return data
 
 

@@ -70,6 +70,7 @@ def draw_all(data: ReportData, target: Path) -> list[ReportFigure]:
         ("roofline", "The roofline", _roofline_figure),
         ("throughput", "Throughput against latency over the batch sweep", _throughput_figure),
         ("compression", "Theoretical compression ratio against measured speedup", _compression_figure),
+        ("history", "Nightly history: the pick's P99 measured and with the machine's drift taken out", _history_figure),
     ]
     return [_draw(key, title, draw, data, target) for key, title, draw in drawers]
 
@@ -632,6 +633,57 @@ def _compression_figure(data: ReportData, fig: Figure) -> tuple[str, str]:
         "in the same run at the same batch size."
     )
     alt = f"Log-log scatter of measured P99 speedup against theoretical compression ratio for {drawn:,} trials."
+    return alt, caption
+
+
+def _history_figure(data: ReportData, fig: Figure) -> tuple[str, str]:
+    nights = [r for r in data.nightly if (r.get("drift") or {}).get("pick")]
+    if not nights:
+        raise _Skip(
+            "No nightly run has measured this study's pick beside the reference workload in this environment "
+            "yet: run 'pareto nightly' (configs/nightly.yaml) to start its history."
+        )
+    import numpy as np
+
+    views = [r["drift"]["pick"] for r in nights]
+    xs = np.arange(1, len(nights) + 1)
+
+    def series(key: str) -> Any:
+        return np.array([np.nan if v.get(key) is None else v[key] for v in views], dtype=float)
+
+    ax = fig.add_subplot()
+    ax.fill_between(xs, series("level_ms"), series("band_upper_ms"), color=_STATUS["meets"][0], alpha=0.18,
+                    label="noise band: the level up to the band's top", step="mid")  # fmt: skip
+    ax.plot(xs, series("level_ms"), color=_STATUS["meets"][0], linewidth=1, drawstyle="steps-mid")
+    ax.plot(xs, series("p99_ms"), "o", color=_STATUS["misses"][0], label="P99 as measured")
+    ax.plot(xs, series("corrected_p99_ms"), "o-", color=_PICK_COLOR, label="P99 at the machine's usual speed")
+    bad = [i for i, r in enumerate(nights) if r["status"] == "regression"]
+    if bad:
+        ax.plot(xs[bad], series("corrected_p99_ms")[bad], "x", color=_BASELINE_COLOR, markersize=11, label="regression")
+    for i, r in enumerate(nights):
+        if (r.get("change_point") or {}).get("new"):
+            since = r["change_point"]["since"]
+            start = next((k for k, n in enumerate(nights) if n["started_at"] >= since), i)
+            ax.axvline(xs[start] - 0.5, color=_BASELINE_COLOR, linestyle="--", linewidth=1, label="change point")
+    ax.set_xlabel("night (oldest first)")
+    ax.set_ylabel("pick's P99 (ms)")
+    ax.set_xlim(0.5, len(nights) + 0.5)
+    _legend(ax)
+    trials = sorted({v["trial"] for v in views})
+    alt = (
+        f"The pick's P99 over {len(nights)} nights: measured {np.nanmin(series('p99_ms')):.3g} to "
+        f"{np.nanmax(series('p99_ms')):.3g} ms, drift-corrected {np.nanmin(series('corrected_p99_ms')):.3g} to "
+        f"{np.nanmax(series('corrected_p99_ms')):.3g} ms; {len(bad)} nights called a regression."
+    )
+    caption = (
+        "Each night the pick, the baseline and a frozen reference model are timed in the same interleaved "
+        "rounds. The drift-corrected P99 is the pick's P99 over the reference's, times the reference's usual "
+        "P99: what the pick would have measured on the machine at its usual speed. The band runs from the "
+        "pick's level (the median of its last 7 nights) to the top of the noise band learned from the study's "
+        "history; a night above it (and above the P50's band, not drawn) is slower when a second pass agrees. "
+        f"Dashed: a change point (e-divisive means). The pick of each night: trial{'s' if len(trials) > 1 else ''} "
+        f"{', '.join(map(str, trials))}."
+    )
     return alt, caption
 
 

@@ -514,13 +514,25 @@ def _environment(env: dict[str, Any]) -> str:
 
 def nightly_card(summary: dict[str, Any]) -> Group:
     """A nightly job's outcome: status, environment changes, re-measured configurations, pick before and after."""
+    from pareto._nightly import corrected_text
+    from pareto._nightly_drift import drift_lines
+
     style = {"ok": "green", "regression": "bold red", "noisy": "yellow"}.get(summary["status"], "yellow")
     parts: list[Any] = [Text(f"Nightly of study {summary['study']!r}: {summary['status']}", style=style)]
     for change in summary.get("environment_changes") or []:
         parts.append(Text(f"Environment changed: {change}", style="yellow"))
     if summary.get("comparisons"):
         table = Table(title="Re-measured with the baseline (interleaved rounds)", title_justify="left")
-        for name in ("trial", "configuration", "p99 before", "p99 now", "ratio", "test", "finding"):
+        for name in (
+            "trial",
+            "configuration",
+            "p99 before",
+            "p99 now",
+            "ratio",
+            "drift-corrected (p50, p99)",
+            "test",
+            "finding",
+        ):
             table.add_column(name, overflow="fold")
         for c in summary["comparisons"]:
             test = c["test"] + (f" p={c['p_value']:.2g}" if c["p_value"] is not None else "")
@@ -530,10 +542,12 @@ def nightly_card(summary: dict[str, Any]) -> Group:
                 format_ms(c["p99_before_ms"]),
                 format_ms(c["p99_after_ms"]),
                 f"{c['ratio']:.2f}x",
+                corrected_text(c),
                 test,
                 Text(c["reason"], style="red" if c["regression"] else ""),
             )
         parts.append(table)
+    parts += [Text(line, style="red" if line.startswith("Change point") else "") for line in drift_lines(summary)]
     for label in ("before", "after"):
         pick = summary.get(f"pick_{label}")
         text = (
@@ -556,17 +570,24 @@ def nightly_card(summary: dict[str, Any]) -> Group:
 
 
 def history_table(rows: list[dict[str, Any]]) -> Table | Text:
-    """One row per nightly run, oldest first: the pick's P99 across nights shows a slow drift."""
+    """One row per nightly run, oldest first: the pick's P99 as measured and at the machine's usual speed
+    (drift-corrected, beside the reference), with the band that counts as noise."""
     if not rows:
         return Text("No nightly runs of this study yet; run 'pareto nightly'.", style="yellow")
     table = Table(title="Nightly history", title_justify="left")
-    for name in ("started (UTC)", "status", "host", "environment", "pick", "pick p99", "p99 ≤", "new trials", "notes"):
+    columns = ("started (UTC)", "status", "host", "environment", "pick", "pick p99", "p99 ≤", "machine")
+    for name in (*columns, "p99 drift-corrected", "noise up to", "new trials", "notes"):
         table.add_column(name, overflow="fold")
     for r in rows:
         pick = r["pick_after"] or r["pick_before"]
+        drift, view = r.get("drift") or {}, (r.get("drift") or {}).get("pick") or {}
         notes = [*r["environment_changes"], *(c["reason"] for c in r["regressions"])]
+        if r.get("change_point") and r["change_point"]["new"]:
+            cp = r["change_point"]
+            notes.append(f"change point: {cp['statistic'].upper()} ×{cp['ratio']:.2f} since {cp['since'][:10]}")
         if r["frontier_added"] or r["frontier_removed"]:
             notes.append(f"frontier +{r['frontier_added']} -{r['frontier_removed']}")
+        machine = drift.get("reference_ratio")
         table.add_row(
             r["started_at"][:16].replace("T", " "),
             Text(r["status"], style={"ok": "green", "regression": "red"}.get(r["status"], "yellow")),
@@ -575,7 +596,14 @@ def history_table(rows: list[dict[str, Any]]) -> Table | Text:
             str(pick["trial"]) if pick else "—",
             format_ms(pick["latency_p99_ms"]) if pick else "—",
             format_ms(pick["latency_p99_upper_ms"]) if pick else "—",
+            f"×{machine:.2f}" if machine is not None else "—",
+            _ms_or_dash(view.get("corrected_p99_ms")) + (f" (trial {view['trial']})" if view else ""),
+            _ms_or_dash(view.get("band_upper_ms")),
             str(r["trials_run"]),
             escape("; ".join(notes)),
         )
     return table
+
+
+def _ms_or_dash(value: float | None) -> str:
+    return "—" if value is None else format_ms(value)

@@ -19,6 +19,7 @@ from pydantic import (
     model_validator,
 )
 
+from pareto.drift import FALSE_ALARM as DEFAULT_FALSE_ALARM
 from pareto.errors import UsageError
 from pareto.frontier import DEFAULT_OBJECTIVE_NAMES
 from pareto.naming import Backend, SamplerName
@@ -372,9 +373,13 @@ class NightlySettings(_Strict):
     time_budget: DurationMs = Field(default=600_000.0, gt=0, description="The whole job, e.g. '10min'.")
     #: re-measure the pick and up to this many other frontier configurations (0: the pick alone)
     remeasure_top: int = Field(default=4, ge=0)
-    #: a P99 must grow beyond this factor, and significantly, to count as slower
+    #: one pass's chance of calling an unchanged night slower, on the drift-corrected P99 (the noise
+    #: band is this far out in the spread the study's history shows; see pareto.drift)
+    false_alarm: float = Field(default=DEFAULT_FALSE_ALARM, gt=0, lt=0.5)
+    #: for a configuration with no drift-corrected history yet: its absolute P99 must grow beyond this
+    #: factor, and significantly, to count as slower
     threshold: float = Field(default=DEFAULT_REGRESSION_THRESHOLD, gt=1)
-    #: the one-sided Mann-Whitney U test's level
+    #: the one-sided Mann-Whitney U test's level (with ``threshold``)
     p_value: float = Field(default=DEFAULT_REGRESSION_P_VALUE, gt=0, lt=1)
     #: the Markdown and JSON summaries go here (a relative path is from the working directory)
     summary_dir: str = "nightly-reports"

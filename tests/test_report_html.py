@@ -140,11 +140,43 @@ def test_missing_data_is_said_on_the_page_instead_of_a_figure(
 
     monkeypatch.setattr(api, "trials", without_sweep_or_compute)
     result = write_report(tmp_path / "r", study=STUDY, db=db)
-    assert set(result["skipped"]) == {"throughput", "roofline"} and len(result["figures"]) == 3
+    assert set(result["skipped"]) == {"throughput", "roofline", "history"} and len(result["figures"]) == 3
     page = (tmp_path / "r" / "index.html").read_text(encoding="utf-8")
     assert "No throughput curve was measured in this study" in page and "throughput_sweep: true" in page
     assert "no trial stores its FLOPs and bytes moved" in page
     assert not (tmp_path / "r" / "throughput.png").exists()
+
+
+def test_the_nightly_history_figure_shows_the_pick_measured_and_drift_corrected(db: str, tmp_path: Path) -> None:
+    from sqlalchemy import select
+
+    from pareto.html_report import write_report
+    from pareto.store.engine import open_engine, session_scope
+    from pareto.store.models import Measurement, NightlyRun, Study
+
+    copy = tmp_path / "nightly.db"
+    with sqlite3.connect(db.removeprefix("sqlite:///")) as src, sqlite3.connect(copy) as dst:
+        src.backup(dst)  # the WAL's pages too
+    url = f"sqlite:///{copy}"
+    pick = pareto.best(study=STUDY, db=url)["trial"]
+    with session_scope(open_engine(url)) as session:
+        study = session.scalars(select(Study)).one()
+        env_id = session.scalars(select(Measurement.environment_id)).first()
+        for night, (p99, corrected, status) in enumerate(
+            [(1.0, 1.0, "ok"), (1.4, 1.02, "ok"), (1.5, 1.45, "regression")]
+        ):
+            view = {"trial": pick, "p99_ms": p99, "corrected_p99_ms": corrected, "level_ms": 1.0, "band_upper_ms": 1.2}
+            session.add(
+                NightlyRun(
+                    study_id=study.id, status=status, environment_id=env_id, hostname="h", pid=1,
+                    summary={"started_at": f"2026-12-0{night + 1}T03:00:00", "drift": {"pick": view}},
+                )
+            )  # fmt: skip
+    result = write_report(tmp_path / "r", study=STUDY, db=url)
+    assert "history" not in result["skipped"] and (tmp_path / "r" / "history.png").stat().st_size > 10_000
+    page = (tmp_path / "r" / "index.html").read_text(encoding="utf-8")
+    assert "over 3 nights: measured 1 to 1.5 ms, drift-corrected 1 to 1.45 ms; 1 nights called a regression" in page
+    assert "with the machine&#x27;s drift taken out" in page
 
 
 def test_the_page_renders_with_every_image_in_chromium(db: str, tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     String,
     Text,
     UniqueConstraint,
@@ -258,3 +259,19 @@ class NightlyRun(Base):
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
     environment: Mapped[Environment] = relationship()
+
+
+class ReferenceModel(Base):
+    """A frozen reference a study's nightlies time beside the pick: a ``torch.export`` program, stored once
+    per study and environment, and never changed (``pareto.measure.reference``)."""
+
+    __tablename__ = "pareto_reference_models"
+    __table_args__ = (UniqueConstraint("study_id", "digest"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("pareto_studies.id", ondelete="CASCADE"), index=True)
+    environment_id: Mapped[int] = mapped_column(ForeignKey("pareto_environments.id"))
+    digest: Mapped[str] = mapped_column(String(64))  #: SHA-256 of ``program``
+    source: Mapped[str] = mapped_column(Text)  #: what was frozen, e.g. "trial 5 as served"
+    program: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

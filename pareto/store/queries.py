@@ -11,7 +11,16 @@ from sqlalchemy.orm import Session
 from pareto.errors import NotFound, UsageError
 from pareto.frontier import DEFAULT_OBJECTIVE_NAMES, Candidate, Constraints
 from pareto.metrics import Metrics
-from pareto.store.models import Environment, HardwareCalibration, Measurement, NightlyRun, Run, Study, Trial
+from pareto.store.models import (
+    Environment,
+    HardwareCalibration,
+    Measurement,
+    NightlyRun,
+    ReferenceModel,
+    Run,
+    Study,
+    Trial,
+)
 
 if TYPE_CHECKING:
     from pareto.measure.roofline import HardwareProfile
@@ -442,9 +451,16 @@ def _nightly_row(r: NightlyRun, summary: dict[str, Any]) -> dict[str, Any]:
         "frontier_removed": summary.get("frontier_removed", []),
         "regressions": summary.get("regressions", []),
         "comparisons": summary.get("comparisons", []),
+        "drift": _drift_view(summary.get("drift") or {}),
+        "change_point": summary.get("change_point"),
         "trials_run": r.trials_run,
         "summary_path": r.summary_path,
     }
+
+
+def _drift_view(drift: dict[str, Any]) -> dict[str, Any]:
+    """The night's drift block without its per-configuration measurements."""
+    return {key: value for key, value in drift.items() if key != "measured"}
 
 
 def delete_study(session: Session, name: str) -> dict[str, Any]:
@@ -464,6 +480,7 @@ def delete_study(session: Session, name: str) -> dict[str, Any]:
     session.execute(delete(Trial).where(Trial.study_id == study.id))
     session.execute(delete(Run).where(Run.study_id == study.id))
     session.execute(delete(NightlyRun).where(NightlyRun.study_id == study.id))
+    session.execute(delete(ReferenceModel).where(ReferenceModel.study_id == study.id))
     session.execute(delete(Study).where(Study.id == study.id))
     return {"study": name, **counts}
 

@@ -16,7 +16,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from pareto.store.models import HardwareCalibration, Measurement, NightlyRun, Study, Trial, utcnow
+from pareto.store.models import HardwareCalibration, Measurement, NightlyRun, ReferenceModel, Study, Trial, utcnow
 
 #: The states of a trial that gave a verdict on its configuration in an environment.
 VERDICT_STATES = ("COMPLETE", "PRUNED", "FAILED")
@@ -199,3 +199,40 @@ def last_finished_nightly(session: Session, study_id: int) -> NightlyRun | None:
         .order_by(NightlyRun.id.desc())
         .limit(1)
     ).one_or_none()
+
+
+def nightly_summaries(session: Session, study_id: int, environment_id: int) -> list[dict[str, Any]]:
+    """The summaries of the study's finished nightlies in one environment, oldest first, each with its
+    ``status``: what the drift-corrected comparison learns its noise band and levels from."""
+    rows = session.execute(
+        select(NightlyRun.status, NightlyRun.summary)
+        .where(
+            NightlyRun.study_id == study_id,
+            NightlyRun.environment_id == environment_id,
+            NightlyRun.status.in_(("ok", "regression", "noisy")),
+        )
+        .order_by(NightlyRun.id)
+    ).all()
+    return [{**(summary or {}), "status": status} for status, summary in rows]
+
+
+def save_reference(
+    session: Session, study_id: int, environment_id: int, digest: str, source: str, program: bytes
+) -> None:
+    """Keep a frozen reference program once (a second save of the same digest is a no-op)."""
+    exists = session.scalars(
+        select(ReferenceModel.id).where(ReferenceModel.study_id == study_id, ReferenceModel.digest == digest)
+    ).first()
+    if exists is None:
+        session.add(
+            ReferenceModel(
+                study_id=study_id, environment_id=environment_id, digest=digest, source=source, program=program
+            )
+        )
+
+
+def reference_program(session: Session, study_id: int, digest: str) -> bytes | None:
+    """The stored frozen reference program with this digest, or None."""
+    return session.scalars(
+        select(ReferenceModel.program).where(ReferenceModel.study_id == study_id, ReferenceModel.digest == digest)
+    ).first()

@@ -1,0 +1,375 @@
+"""The nightly's drift-corrected history: what past nights in this environment measured beside the reference.
+
+Each nightly writes, in its summary's ``drift`` block, the reference workload it timed and, for every
+configuration measured beside it tonight, its P50 and P99, the reference's in the same rounds and
+their ratios (the drift-corrected P50 and P99). This module reads those blocks back: the reference to
+keep timing, each configuration's levels, the noise bands, and the series change points are looked
+for in (``pareto.drift`` holds the statistics).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pareto.drift import STATISTICS, ChangePoint, NoiseBand, change_points, level, noise_band, residuals
+from pareto.measure.reference import Reference
+
+if TYPE_CHECKING:
+    from pareto.measure.latency import Timed
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One configuration measured beside the reference tonight."""
+
+    trial: int
+    is_baseline: bool
+    label: str  #: "first pass", "second pass", "new pick"
+    p50_ms: float
+    p99_ms: float
+    reference_p50_ms: float
+    reference_p99_ms: float
+
+    def corrected(self, statistic: str) -> float:
+        """The statistic over the reference's, measured in the same rounds."""
+        return float(getattr(self, f"{statistic}_ms") / getattr(self, f"reference_{statistic}_ms"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "trial": self.trial,
+            "is_baseline": self.is_baseline,
+            "pass": self.label,
+            "p50_ms": self.p50_ms,
+            "p99_ms": self.p99_ms,
+            "reference_p50_ms": self.reference_p50_ms,
+            "reference_p99_ms": self.reference_p99_ms,
+            **{f"corrected_{s}": self.corrected(s) for s in STATISTICS},
+        }
+
+
+class DriftHistory:
+    """The drift blocks of a study's past nightlies in one environment, oldest first.
+
+    Only nights that timed the same reference count (a reference of another kind or batch is not the
+    same yardstick). Nights called a regression are left out of levels and of the noise bands (they
+    are changes, not noise), never out of the series change points are looked for in.
+    """
+
+    def __init__(self, summaries: list[dict[str, Any]], reference: Reference | None = None) -> None:
+        blocks = [(s["status"], {**(s.get("drift") or {}), "started_at": s.get("started_at")}) for s in summaries]
+        blocks = [(status, block) for status, block in blocks if Reference.from_dict(block.get("reference"))]
+        self.reference = reference or (Reference.from_dict(blocks[-1][1]["reference"]) if blocks else None)
+        self._nights = [(status, b) for status, b in blocks if Reference.from_dict(b["reference"]) == self.reference]
+        self.last = summaries[-1] if summaries else None
+
+    def __len__(self) -> int:
+        return len(self._nights)
+
+    def points(self, trial: int, statistic: str, *, skip_regressions: bool = False) -> list[tuple[str, float]]:
+        """The trial's log drift-corrected statistic, one value a night (the median of that night's
+        passes), with the night's start."""
+        out = []
+        for status, block in self._nights:
+            if skip_regressions and status == "regression":
+                continue
+            logs = [math.log(m[f"corrected_{statistic}"]) for m in block.get("measured", []) if m["trial"] == trial]
+            if logs:
+                out.append((block.get("started_at") or "", float(statistics.median(logs))))
+        return out
+
+    def series(self, trial: int, statistic: str, *, skip_regressions: bool = False) -> list[float]:
+        return [value for _, value in self.points(trial, statistic, skip_regressions=skip_regressions)]
+
+    def level(self, trial: int, statistic: str) -> float | None:
+        """The trial's level (log), or None when no past night measured it beside the reference."""
+        values = self.series(trial, statistic, skip_regressions=True)
+        return level(values) if values else None
+
+    def reference_level_ms(self, statistic: str = "p99") -> float | None:
+        """The reference's own level: how fast this machine usually runs it (for the machine's drift)."""
+        key = f"reference_{statistic}_ms"
+        values = [math.log(b[key]) for status, b in self._nights if status != "regression" and b.get(key)]
+        return math.exp(level(values)) if values else None
+
+    def trials(self) -> list[int]:
+        return sorted({m["trial"] for _, b in self._nights for m in b.get("measured", [])})
+
+    def band(self, statistic: str, false_alarm: float) -> NoiseBand:
+        """The noise band from every trial's residuals around its level on the nights before."""
+        series = [self.series(trial, statistic, skip_regressions=True) for trial in self.trials()]
+        return noise_band(residuals(series), statistic, false_alarm=false_alarm)
+
+    def last_change_point(self, trial: int) -> dict[str, Any] | None:
+        """The slower change point the last night reported for ``trial``, if it did."""
+        if self.last is None:
+            return None
+        found = (self.last.get("drift") or {}).get("change_point")
+        return found if found and found.get("trial") == trial else None
+
+
+def slower_change_point(values: list[float], *, seed: int = 0) -> ChangePoint | None:
+    """The series' last change point when the nights after it are slower, else None."""
+    found = change_points(values, seed=seed)
+    if not found or found[-1].ratio <= 1.0:
+        return None
+    return found[-1]
+
+
+class NightDrift:
+    """Tonight's measurements beside the reference, and the history they are compared with.
+
+    Args:
+        summaries: The study's finished nightlies in this environment (``store.trials.nightly_summaries``).
+        false_alarm: One pass's false-alarm rate for each statistic, which places its noise band.
+        references: Builds and loads the reference (``BenchReferences``); None: no reference is timed.
+    """
+
+    def __init__(self, summaries: list[dict[str, Any]], *, false_alarm: float, references: Any = None) -> None:
+        self.history = DriftHistory(summaries)
+        self.bands = {s: self.history.band(s, false_alarm) for s in STATISTICS}
+        self.references = references
+        self.measured: list[Measured] = []
+        self.reference_ms: dict[str, float] = {}
+        self.change_point: dict[str, Any] | None = None
+        self.pick_trial: int | None = None
+        self._timed: Timed | None = None
+
+    @property
+    def reference(self) -> Reference | None:
+        return self.history.reference
+
+    def timed(self, target: Any) -> Timed | None:
+        """The reference to time in tonight's rounds (``references`` builds and loads it): the study's
+        first one is frozen from ``target`` (a ``Candidate``). None when there is nothing to build it from."""
+        if self._timed is None and self.references is not None:
+            if self.reference is not None:
+                self._timed = self.references.load(self.reference)
+            if self._timed is None and target is not None:
+                reference, self._timed = self.references.new(target)
+                self.history = DriftHistory([], reference)  # a new yardstick: no history measured with it
+                self.bands = {s: self.history.band(s, b.false_alarm) for s, b in self.bands.items()}
+        return self._timed
+
+    def record(self, result: Any, label: str) -> dict[int, Measured]:
+        """Keep one pass's values (a ``ConfirmResult``): each trial measured, or none when the reference was
+        not timed or the contention guard gave up on it."""
+        ref = result.reference
+        if ref is None or ref["busy"]:
+            return {}
+        if not self.reference_ms:
+            self.reference_ms = {s: ref[f"latency_{s}_ms"] for s in STATISTICS}
+        out = {}
+        for item in result.items:
+            if item.after is not None:
+                after = item.after
+                m = Measured(
+                    item.trial,
+                    item.is_baseline,
+                    label,
+                    after["latency_p50_ms"],
+                    after["latency_p99_ms"],
+                    ref["latency_p50_ms"],
+                    ref["latency_p99_ms"],
+                )
+                self.measured.append(m)
+                out[item.trial] = m
+        return out
+
+    def ratios(self, measured: Measured) -> dict[str, float] | None:
+        """Each drift-corrected statistic over the trial's level; None when no past night measured it here."""
+        out = {}
+        for s in STATISTICS:
+            lvl = self.history.level(measured.trial, s)
+            if lvl is None:
+                return None
+            out[s] = math.exp(math.log(measured.corrected(s)) - lvl)
+        return out
+
+    def reference_ratio(self, statistic: str = "p50") -> float | None:
+        """The reference's statistic tonight over its level: how much slower the machine is tonight."""
+        usual = self.history.reference_level_ms(statistic)
+        return None if usual is None or not self.reference_ms else self.reference_ms[statistic] / usual
+
+    def find_change_point(self, trial: int, started_at: str) -> dict[str, Any] | None:
+        """A slower change point in the trial's nightly series of either statistic, tonight included;
+        ``new`` when the last night did not report one near it."""
+        for statistic in STATISTICS:
+            tonight = [math.log(m.corrected(statistic)) for m in self.measured if m.trial == trial]
+            if not tonight:
+                return None
+            points = [*self.history.points(trial, statistic), (started_at, float(statistics.median(tonight)))]
+            found = slower_change_point([value for _, value in points])
+            if found is None:
+                continue
+            last = self.history.last_change_point(trial)
+            self.change_point = {
+                "trial": trial,
+                "statistic": statistic,
+                "index": found.index,
+                "since": points[found.index][0],
+                "nights": len(points),
+                "ratio": found.ratio,
+                "p_value": found.p_value,
+                "new": last is None or abs(int(last["index"]) - found.index) > 2,
+            }
+            return self.change_point
+        return None
+
+    def pick_view(self) -> dict[str, Any] | None:
+        """The pick's P99 tonight, absolute and at the machine's usual speed, its level and the band's top."""
+        tonight = [m for m in self.measured if m.trial == self.pick_trial]
+        usual = self.history.reference_level_ms("p99") or self.reference_ms.get("p99")
+        if not tonight or usual is None:
+            return None
+        p99 = float(statistics.median(m.p99_ms for m in tonight))
+        corrected = float(statistics.median(m.corrected("p99") for m in tonight)) * usual
+        lvl = self.history.level(tonight[0].trial, "p99")
+        level_ms = math.exp(lvl) * usual if lvl is not None else None
+        return {
+            "trial": self.pick_trial,
+            "p99_ms": p99,
+            "corrected_p99_ms": corrected,
+            "level_ms": level_ms,
+            "band_upper_ms": level_ms * self.bands["p99"].threshold if level_ms is not None else None,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        reference = self.reference
+        return {
+            "reference": {**reference.to_dict(), "description": reference.describe()} if reference else None,
+            "reference_p50_ms": self.reference_ms.get("p50"),
+            "reference_p99_ms": self.reference_ms.get("p99"),
+            "reference_ratio": self.reference_ratio(),
+            "history_nights": len(self.history),
+            "bands": {s: band.to_dict() for s, band in self.bands.items()},
+            "pick": self.pick_view(),
+            "change_point": self.change_point,
+            "measured": [m.to_dict() for m in self.measured],
+        }
+
+
+def drift_lines(summary: dict[str, Any]) -> list[str]:
+    """The night's drift-corrected findings in sentences (the card, the Markdown summary)."""
+    drift = summary.get("drift") or {}
+    reference = drift.get("reference")
+    if not reference:
+        return []
+    lines = []
+    machine = drift.get("reference_ratio")
+    if machine is not None:
+        lines.append(
+            f"Machine tonight: the reference ran at ×{machine:.2f} its usual P50 ({reference['description']})."
+        )
+    else:
+        lines.append(
+            f"First night timed beside the {reference['description']}: "
+            "drift-corrected comparisons start with the next night."
+        )
+    pick = drift.get("pick")
+    if pick and pick.get("level_ms") is not None:
+        lines.append(
+            f"Pick (trial {pick['trial']}): P99 {pick['p99_ms']:.3g} ms measured, {pick['corrected_p99_ms']:.3g} ms "
+            f"at the machine's usual speed; its level {pick['level_ms']:.3g} ms, noise up to "
+            f"{pick['band_upper_ms']:.3g} ms."
+        )
+    bands = drift.get("bands") or {}
+    if bands:
+        parts = [f"{s.upper()} ×{b['threshold']:.3f} ({_source(b)})" for s, b in bands.items()]
+        smallest = ", ".join(f"×{b['smallest_detectable']:.2f} ({s.upper()})" for s, b in bands.items())
+        first = next(iter(bands.values()))
+        lines.append(
+            f"Noise bands: {'; '.join(parts)}. The smallest slowdown this history detects in "
+            f"{100 * first['power']:g} % of passes at {100 * first['false_alarm']:g} % false alarms a pass: {smallest}."
+        )
+    change = summary.get("change_point")
+    if change:
+        state = "new tonight" if change["new"] else "reported before"
+        lines.append(
+            f"Change point (e-divisive means, {change['nights']} nights): the pick's drift-corrected "
+            f"{change['statistic'].upper()} ×{change['ratio']:.2f} since the night of {change['since'][:10]} "
+            f"(permutation p = {change['p_value']:.3g}; {state})."
+        )
+    return lines
+
+
+def _source(band: dict[str, Any]) -> str:
+    if band["source"] == "history":
+        return f"spread {100 * band['sigma']:.1f} % from {band['residuals']} past re-measurements"
+    return f"default spread {100 * band['sigma']:.1f} %: too little history yet"
+
+
+class BenchReferences:
+    """Builds, freezes, stores and loads a study's reference on the bench (``pareto.measure.reference``)."""
+
+    def __init__(self, bench: Any, study_id: int, notice: Any) -> None:
+        self.bench, self.study_id, self.notice = bench, study_id, notice
+
+    def load(self, reference: Reference) -> Timed | None:
+        """The stored reference, ready to time; None when its program is no longer in the database."""
+        from pareto.measure.latency import Timed
+        from pareto.measure.reference import reference_input, reference_model, thaw
+        from pareto.store import trials
+        from pareto.store.engine import session_scope
+
+        device = self.bench.device
+        if not reference.frozen:
+            return Timed(reference_model(device), reference_input(reference, device), label="reference")
+        with session_scope(self.bench.engine) as session:
+            blob = trials.reference_program(session, self.study_id, reference.digest)
+        if blob is None:
+            self.notice(f"The study's reference program {reference.digest[:12]} is gone: freezing a new one.")
+            return None
+        return Timed(thaw(blob), self.bench.task.example_input(reference.batch), label="reference")
+
+    def new(self, target: Any) -> tuple[Reference, Timed]:
+        """Freeze ``target`` as served (else the baseline model) at the batch whose call takes as long as
+        its P50, store it, and time it from the stored program; a fixed MLP when neither exports."""
+        from pareto.compress import Config
+        from pareto.errors import message_line
+        from pareto.measure.reference import FROZEN, size_reference
+
+        config = Config.from_dict(target.config)
+        target_ms = float(target.metrics["latency_p50_ms"])
+        reasons = []
+        for source, candidate in (
+            (f"trial {target.trial} as served", config),
+            ("the baseline model", Config(batch_size=config.batch_size)),
+        ):
+            try:
+                batch, digest = self._freeze(candidate, source, target_ms)
+            except Exception as exc:  # torch.export refuses many served forms; the next one is tried
+                reasons.append(f"{source}: {message_line(exc)}")
+                continue
+            reference = Reference(batch=batch, kind=FROZEN + digest, source=source)
+            timed = self.load(reference)
+            assert timed is not None
+            return reference, timed
+        self.notice(f"No frozen reference ({'; '.join(reasons)}): the reference is a fixed-seed MLP.")
+        reference = size_reference(target_ms, self.bench.device, threads=self.bench.threads)
+        timed = self.load(reference)
+        assert timed is not None
+        return reference, timed
+
+    def _freeze(self, config: Any, source: str, target_ms: float) -> tuple[int, str]:
+        from pareto._runs import build
+        from pareto.measure.reference import freeze, size_batch
+        from pareto.store import trials
+        from pareto.store.engine import session_scope
+
+        bench = self.bench
+        module = build(bench, config).served.eager
+        batch = size_batch(
+            module,
+            bench.task.example_input,
+            target_ms,
+            bench.device,
+            threads=bench.threads,
+            max_batch=config.batch_size,
+        )
+        blob, digest = freeze(module, bench.task.example_input(batch))
+        with session_scope(bench.engine) as session:
+            trials.save_reference(session, self.study_id, bench.env_id, digest, source, blob)
+        return batch, digest

@@ -1,0 +1,194 @@
+"""The nightly's reference workload: a frozen model timed beside the pick, so that the machine's drift
+can be taken out of a night-to-night comparison.
+
+On a shared machine every workload on the host gets slower together when a neighbour takes the
+cores, the caches or the memory bandwidth, or the host lowers its clock. A model that never changes,
+timed in the same interleaved rounds as the pick and the baseline, moves with the machine and not
+with the model: the pick's time divided by the reference's, measured in the same rounds, is the
+pick's time in units of "this machine tonight". Chromium's performance bots run a reference build
+beside the build under test for the same reason.
+
+The reference is a **frozen copy**: the pick as it is served, exported once with ``torch.export`` and
+stored in the database, so it has the pick's kernels and memory traffic (a neighbour that thrashes
+the cache slows a model that streams its weights and not one that fits in L2) but none of the code
+that a later change to the model, the task or pareto could make slower. When the pick cannot be
+exported (ONNX Runtime, PyTorch's eager int8 kernels) the baseline model is frozen instead, and when
+neither can, a fixed-seed multilayer perceptron is the reference. Its batch is chosen once, so that
+a call takes about as long as one call of the pick.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+#: The reference's name: its shape and seed. A different kind is a different reference, never compared.
+KIND = "mlp-256x3-seed0"
+_WIDTH, _LAYERS, _SEED = 256, 3, 0
+#: Batches tried when sizing the reference: 1, 2, 4, ... up to this.
+MAX_BATCH = 8192
+_SIZING_CALLS = 20
+
+
+#: A frozen program's kind: this prefix and its digest.
+FROZEN = "frozen:"
+
+
+@dataclass(frozen=True)
+class Reference:
+    """Which reference workload a study's nights time: its kind and its batch (fixed once chosen).
+
+    ``kind`` is ``KIND`` (the fixed MLP) or ``"frozen:<digest>"`` (a stored ``torch.export`` program,
+    whose source says what was frozen).
+    """
+
+    batch: int
+    kind: str = KIND
+    source: str = ""
+
+    @property
+    def frozen(self) -> bool:
+        return self.kind.startswith(FROZEN)
+
+    @property
+    def digest(self) -> str:
+        return self.kind.removeprefix(FROZEN)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "batch": self.batch, "source": self.source}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> Reference | None:
+        """The reference a summary recorded; None for none, or for a kind this version does not build."""
+        if not data or not isinstance(data.get("batch"), int):
+            return None
+        kind = data.get("kind")
+        if kind != KIND and not (isinstance(kind, str) and kind.startswith(FROZEN)):
+            return None
+        return cls(batch=data["batch"], kind=kind, source=str(data.get("source") or ""))
+
+    def describe(self) -> str:
+        if self.frozen:
+            return f"frozen copy of {self.source} (torch.export program {self.digest[:12]}) at batch {self.batch}"
+        return f"reference MLP ({_LAYERS} × {_WIDTH}-wide Linear, fixed seed) at batch {self.batch}"
+
+
+def freeze(module: nn.Module, example: Any) -> tuple[bytes, str]:
+    """``module`` exported with ``torch.export`` at ``example`` and serialized: the program and its SHA-256.
+
+    Raises:
+        Exception: whatever ``torch.export`` raises for a module it cannot export.
+    """
+    import hashlib
+    import io
+
+    from pareto.devices import as_args
+
+    args = as_args(example)
+    with torch.no_grad():
+        program = torch.export.export(module, args)
+    buffer = io.BytesIO()
+    torch.export.save(program, buffer)
+    blob = buffer.getvalue()
+    return blob, hashlib.sha256(blob).hexdigest()
+
+
+def thaw(blob: bytes) -> nn.Module:
+    """A stored program as a module, on the device it was frozen on (an exported program is always in
+    inference form; the wrapper takes ``eval()``, which the program itself refuses)."""
+    import io
+
+    return _Frozen(torch.export.load(io.BytesIO(blob)).module())
+
+
+class _Frozen(nn.Module):
+    program: nn.Module
+
+    def __init__(self, program: nn.Module) -> None:
+        super().__init__()
+        object.__setattr__(self, "program", program)  # not a child: eval() and train() do not reach it
+
+    def forward(self, *args: Any) -> Any:
+        return self.program(*args)
+
+
+def reference_model(device: str) -> nn.Module:
+    """The reference network on ``device``, in eval mode: the same weights in every process."""
+    generator = torch.Generator().manual_seed(_SEED)
+    layers: list[nn.Module] = []
+    for index in range(_LAYERS):
+        linear = nn.Linear(_WIDTH, _WIDTH)
+        with torch.no_grad():
+            linear.weight.copy_(torch.randn(_WIDTH, _WIDTH, generator=generator) / _WIDTH**0.5)
+            linear.bias.copy_(torch.randn(_WIDTH, generator=generator) * 0.01)
+        layers.append(linear)
+        if index < _LAYERS - 1:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers).eval().to(device)
+
+
+def reference_input(reference: Reference, device: str) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(_SEED + 1)
+    return torch.randn(reference.batch, _WIDTH, generator=generator).to(device)
+
+
+def size_reference(target_ms: float, device: str, *, threads: int | None = None) -> Reference:
+    """The MLP's batch whose call takes closest to ``target_ms`` here."""
+    model = reference_model(device)
+    batch = size_batch(model, lambda b: reference_input(Reference(b), device), target_ms, device, threads=threads)
+    return Reference(batch=batch)
+
+
+def size_batch(
+    model: nn.Module,
+    make_input: Callable[[int], Any],
+    target_ms: float,
+    device: str,
+    *,
+    threads: int | None = None,
+    max_batch: int = MAX_BATCH,
+) -> int:
+    """The batch whose call of ``model`` takes closest to ``target_ms`` (the median of a few calls, in log
+    terms): batches double from 1 until a call takes longer than the target or ``max_batch`` is reached."""
+    import math
+
+    previous = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        best, best_gap, batch = 1, math.inf, 1
+        while batch <= max_batch:
+            ms = _median_ms(model, make_input(batch), device)
+            gap = abs(math.log(ms / target_ms))
+            if gap < best_gap:
+                best, best_gap = batch, gap
+            if ms >= target_ms:
+                break
+            batch *= 2
+        return best
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _median_ms(model: nn.Module, x: Any, device: str) -> float:
+    sync = (lambda: torch.cuda.synchronize(device)) if device.startswith("cuda") else (lambda: None)
+    times = []
+    from pareto.devices import as_args
+
+    args = as_args(x)
+    with torch.inference_mode():
+        for _ in range(3):
+            model(*args)
+        for _ in range(_SIZING_CALLS):
+            sync()
+            start = time.perf_counter()
+            model(*args)
+            sync()
+            times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
