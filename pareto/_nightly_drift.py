@@ -281,7 +281,8 @@ def drift_lines(summary: dict[str, Any]) -> list[str]:
         smallest = ", ".join(f"×{b['smallest_detectable']:.2f} ({s.upper()})" for s, b in bands.items())
         first = next(iter(bands.values()))
         lines.append(
-            f"Noise bands: {'; '.join(parts)}. The smallest slowdown this history detects in "
+            f"Noise bands: {'; '.join(parts)}. The smallest slowdown predicted (normal model of the "
+            f"measured spread) to be found in "
             f"{100 * first['power']:g} % of passes at {100 * first['false_alarm']:g} % false alarms a pass: {smallest}."
         )
     change = summary.get("change_point")

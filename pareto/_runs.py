@@ -237,7 +237,7 @@ def time_beside(
     latencies = measure_interleaved(
         [*items, *beside], device=bench.device, plan=plan, threads=bench.threads, probe=probe, seed=seed
     )
-    by_key = {b.config.key(): (b, latency) for b, latency in zip(unique, latencies, strict=False)}
+    by_key = {b.config.key(): (b, latency) for b, latency in zip(unique, latencies[: len(items)], strict=True)}
     return [by_key[config.key()] for config in configs], latencies[len(items) :]
 
 

@@ -14,10 +14,11 @@ the P50. Nights are compared on the logarithm of these ratios, each statistic on
   is slower when its residual is above ``z(1 - false_alarm) × spread``. With fewer than
   ``MIN_HISTORY`` residuals (a study's first nights) the spread is the default, ``DEFAULT_SIGMA``,
   measured on a shared 2-core VM (BENCHMARKS.md, "Nightly sensitivity").
-- Why the P50 too: a P99 rests on the slowest 1 % of calls, which the host's preemptions decide, so
-  the drift-corrected P99 of an unchanged model moves by about 10 % between nights on that VM and
-  the P50 by about 1.5 %. A model that got slower is slower at every quantile and shows in the P50
-  first; a regression of the tail alone shows in the P99 once it is past its (wider) band.
+- Why the P50 too: a P99 rests on the slowest 1 % of calls, which the host's preemptions decide. On a
+  shared 2-core VM the drift-corrected P99 of an unchanged model moved by about 10 % between
+  processes, the P50 by 1.5 % (an eager pruned pick), or about 5 % for an int8 pick beside a frozen
+  fp32 baseline (BENCHMARKS.md). A model that got slower is slower at every quantile and shows in the
+  P50 first; a regression of the tail alone shows in the P99 once it is past its (wider) band.
 - **Change points**: e-divisive means (Matteson & James, "A nonparametric approach for multiple
   change point analysis of multivariate data", JASA 2014), the method Hunter and Apache Otava use for
   continuous benchmarking, over a configuration's nightly series, with a permutation test. It finds a
@@ -75,7 +76,8 @@ class NoiseBand:
 
     @property
     def smallest_detectable(self) -> float:
-        """The slowdown one pass finds with probability ``POWER``: the threshold plus ``z(POWER)`` spreads."""
+        """The slowdown one pass is predicted to find with probability ``POWER`` if the residuals are
+        normal with the band's spread: the threshold plus ``z(POWER)`` spreads (a prediction, not a count)."""
         return math.exp(math.log(self.threshold) + _z(POWER) * self.sigma)
 
     def to_dict(self) -> dict[str, Any]:
@@ -85,7 +87,7 @@ class NoiseBand:
         learned = f"learned from {self.residuals} past re-measurements" if self.source == "history" else "the default"
         return (
             f"{self.statistic.upper()} noise band ×{self.threshold:.3f} ({learned}: spread {100 * self.sigma:.1f} %, "
-            f"{100 * self.false_alarm:g} % false alarms a pass); smallest slowdown detected in "
+            f"{100 * self.false_alarm:g} % false alarms a pass); smallest slowdown predicted to be found in "
             f"{100 * POWER:g} % of passes: ×{self.smallest_detectable:.2f}"
         )
 

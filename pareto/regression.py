@@ -116,11 +116,7 @@ def compare(
     elif ratio > threshold:
         reasons.append(f"P99 {ratio:.2f}x slower but not significantly ({test})")
     return Comparison(
-        trial=trial,
-        description=description,
-        p99_before_ms=before["latency_p99_ms"],
-        p99_after_ms=after["latency_p99_ms"],
-        ratio=ratio,
+        **_measured(trial, description, before, after),
         test=test,
         p_value=p,
         slower=slower,
@@ -179,11 +175,7 @@ def compare_corrected(
         reasons.append(f"{found}, with the machine's drift taken out; {which}{base_note}")
     within = ", ".join(f"{s.upper()} ×{ratios[s]:.2f} ≤ ×{bands[s].threshold:.2f}" for s in ("p50", "p99"))
     return Comparison(
-        trial=trial,
-        description=description,
-        p99_before_ms=before["latency_p99_ms"],
-        p99_after_ms=after["latency_p99_ms"],
-        ratio=after["latency_p99_ms"] / before["latency_p99_ms"],
+        **_measured(trial, description, before, after),
         test=f"noise bands ({bands['p99'].source})",
         p_value=None,
         slower=slower,
@@ -207,11 +199,7 @@ def compare_corrected(
 def not_compared(trial: int, description: str, before: dict[str, Any], after: dict[str, Any], why: str) -> Comparison:
     """A configuration measured tonight whose earlier measurement cannot be compared with it."""
     return Comparison(
-        trial=trial,
-        description=description,
-        p99_before_ms=before["latency_p99_ms"],
-        p99_after_ms=after["latency_p99_ms"],
-        ratio=after["latency_p99_ms"] / before["latency_p99_ms"],
+        **_measured(trial, description, before, after),
         test="none",
         p_value=None,
         slower=False,
@@ -222,6 +210,17 @@ def not_compared(trial: int, description: str, before: dict[str, Any], after: di
         reason=why,
         basis="not compared",
     )
+
+
+def _measured(trial: int, description: str, before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """The fields every comparison starts from: which configuration, its P99 before and now, their ratio."""
+    return {
+        "trial": trial,
+        "description": description,
+        "p99_before_ms": before["latency_p99_ms"],
+        "p99_after_ms": after["latency_p99_ms"],
+        "ratio": after["latency_p99_ms"] / before["latency_p99_ms"],
+    }
 
 
 def _lost_slo_reason(after: dict[str, Any], slo_ms: float | None, verdict_after: str | None) -> str:
