@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -176,6 +175,16 @@ def night(db: str, factor: float, rows: int, load: bool, folder: Path) -> dict[s
     return row
 
 
+def copy_db(source: Path, target: Path) -> None:
+    """A copy of a SQLite database with what its write-ahead log holds (a file copy misses that)."""
+    import sqlite3
+    from contextlib import closing
+
+    target.unlink(missing_ok=True)
+    with closing(sqlite3.connect(source)) as src, closing(sqlite3.connect(target)) as dst:
+        src.backup(dst)
+
+
 def _fmt(value: Any, spec: str = ".3f") -> str:
     return "—" if value is None else format(value, spec)
 
@@ -241,10 +250,10 @@ def main() -> None:
     for factor, nights in slowed:
         for n in range(1, nights + 1):
             scratch = folder / "scratch.db"
-            shutil.copyfile(history, scratch)
+            copy_db(history, scratch)
             run(f"{factor:g}× slower", n, scratch, factor)
     creep_db = folder / "creep.db"
-    shutil.copyfile(history, creep_db)
+    copy_db(history, creep_db)
     for n, factor in enumerate(creep, 1):
         run(f"creep {100 * args.creep:g} %/night", n, creep_db, factor)
     print(f"\nDatabases in {folder}; rows in {args.out}.")

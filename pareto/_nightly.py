@@ -13,11 +13,15 @@ One job, for one study, holding the study's nightly lock (``pareto.locks.study_l
 5. spends the rest of its time budget on new trials (``pareto._search.run_search``);
 6. writes a Markdown and a JSON summary, and the history row ``pareto history`` shows.
 
-The job's status: ok (exit 0); regression, the pick lost its SLO, got slower (found again by a second
-pass) or shows a new slower change point (exit 3); noisy, the contention guard gave up on the pick, a
-second pass did not find what the first did, or the pick missed its SLO only by the machine's
-slowness, so nothing can be said about it tonight (exit 75); a job stopped by Ctrl-C or SIGTERM is
-stored as interrupted.
+The pick is the last nightly's pick, what the team serves, while it is stored; it moves to the best
+configuration when the night found a new one or called a regression, not with the confirmations'
+noise of one night.
+
+The job's status: ok (exit 0); regression, the pick got slower (found again by a second pass), lost
+its SLO with it, or shows a new slower change point (exit 3); noisy, the contention guard gave up on
+the pick, a second pass did not find what the first did, or the pick's P99 or its SLO moved while its
+P50 stayed at its level, so nothing can be said about it tonight (exit 75); a job stopped by Ctrl-C or
+SIGTERM is stored as interrupted.
 """
 
 from __future__ import annotations
@@ -151,6 +155,7 @@ class _Job:
 
         self.constraints: Constraints = constraints_of(spec)
         self.summary: dict[str, Any] = {"study": spec.study_name, "task": spec.task}
+        self.last_pick: int | None = None  #: the last nightly's pick (``_open_history``)
 
     def run(self) -> NightlyResult:
         from pareto._runs import open_bench
@@ -167,7 +172,7 @@ class _Job:
 
     def _run(self, bench: Any, study_id: int, row_id: int, reference: int | None) -> NightlyResult:
         before = _load(bench, study_id, reference)
-        pick_before = best_or_none(before, self.constraints, study=self.spec.study_name)
+        pick_before = self._served(before, best_or_none(before, self.constraints, study=self.spec.study_name))
         front_before = frontier(before, objective_metrics(self.spec.objectives))
         self.drift = self._open_drift(bench, study_id, pick_before)
         comparisons, noisy = self._remeasure(bench, study_id, pick_before, front_before, "first pass")
@@ -176,18 +181,19 @@ class _Job:
         self.terminated.check()
         trials_run, stopped_busy = self._search_on()
         self.terminated.check()
-        after = _load(bench, study_id, bench.env_id)
-        pick_after = best_or_none(after, self.constraints, study=self.spec.study_name)
-        front_after = frontier(after, objective_metrics(self.spec.objectives))
-        self._measure_new_pick(bench, study_id, pick_after)
         pick_comparison = next((c for c in comparisons if pick_before and c.trial == pick_before.trial), None)
         change = self._change_point(pick_before)
-        if pick_comparison is not None and pick_comparison.machine_missed_slo:
-            noisy = True  # the pick missed its SLO tonight only by the machine's slowness: no verdict
+        if pick_comparison is not None and pick_comparison.inconclusive:
+            noisy = True  # its P99 or its SLO moved while its P50 stayed: no verdict tonight
         regression = (pick_comparison is not None and pick_comparison.regression) or (
             change is not None and change["new"] and not noisy
         )
         status = "regression" if regression else "noisy" if noisy else "ok"
+        after = _load(bench, study_id, bench.env_id)
+        best_after = best_or_none(after, self.constraints, study=self.spec.study_name)
+        pick_after = self._next_pick(pick_before, best_after, before, after, regression)
+        front_after = frontier(after, objective_metrics(self.spec.objectives))
+        self._measure_new_pick(bench, study_id, pick_after)
         self.summary.update(
             status=status,
             pick_before=_brief(pick_before),
@@ -238,6 +244,7 @@ class _Job:
                     "died without finishing; its lock is taken over and its history entry marked interrupted."
                 )
             last = trials.last_finished_nightly(session, study.id)
+            self.last_pick = last.pick_after if last is not None else None
             reference = last.environment_id if last is not None else None
             if reference is None:
                 env = queries.choose_environment(session, study, "latest")
@@ -268,6 +275,33 @@ class _Job:
             session.add(row)
             session.flush()
             return study.id, row.id, reference
+
+    def _served(self, candidates: list[Candidate], best: Candidate | None) -> Candidate | None:
+        """The pick compared tonight: the last nightly's pick (what the team serves), else the best now."""
+        kept = next((c for c in candidates if c.trial == self.last_pick), None)
+        if kept is not None and best is not None and best.trial != kept.trial:
+            self.notice(
+                f"The pick stays trial {kept.trial}, the last nightly's; by the stored measurements trial "
+                f"{best.trial} is best now (the pick changes with a new configuration or a regression)."
+            )
+        return kept or best
+
+    def _next_pick(
+        self,
+        pick: Candidate | None,
+        best: Candidate | None,
+        before: list[Candidate],
+        after: list[Candidate],
+        regression: bool,
+    ) -> Candidate | None:
+        """Tomorrow's pick: the best now when tonight found a new configuration or a regression, or when
+        there was none; else tonight's pick, so that one night's noise in the confirmations does not move
+        it and restart its history."""
+        known = {c.trial for c in before}
+        kept = next((c for c in after if pick is not None and c.trial == pick.trial), None)
+        if regression or kept is None or (best is not None and best.trial not in known):
+            return best
+        return kept
 
     def _open_drift(self, bench: Any, study_id: int, pick: Candidate | None) -> NightDrift:
         """Past nights in this environment, the reference workload and the noise band they give."""
@@ -535,8 +569,9 @@ def summary_markdown(summary: dict[str, Any]) -> str:
     if summary["status"] == "noisy":
         lines += [
             "",
-            "The machine was too noisy to judge the pick tonight: the contention guard gave up on it, or a "
-            "regression one pass found was not found again by a second. Nothing was concluded.",
+            "The machine was too noisy to judge the pick tonight: the contention guard gave up on it, a "
+            "regression one pass found was not found again by a second, or its P99 or its SLO moved while "
+            "its P50 stayed at its level. Nothing was concluded.",
         ]
     return "\n".join(lines) + "\n"
 

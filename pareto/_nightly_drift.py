@@ -110,10 +110,11 @@ class DriftHistory:
         return found if found and found.get("trial") == trial else None
 
 
-def slower_change_point(values: list[float], *, seed: int = 0) -> ChangePoint | None:
-    """The series' last change point when the nights after it are slower, else None."""
+def slower_change_point(values: list[float], *, min_ratio: float = 1.0, seed: int = 0) -> ChangePoint | None:
+    """The series' last change point when the nights after it are slower by more than ``min_ratio`` (one
+    night's noise band), else None."""
     found = change_points(values, seed=seed)
-    if not found or found[-1].ratio <= 1.0:
+    if not found or found[-1].ratio <= min_ratio:
         return None
     return found[-1]
 
@@ -201,7 +202,7 @@ class NightDrift:
             if not tonight:
                 return None
             points = [*self.history.points(trial, statistic), (started_at, float(statistics.median(tonight)))]
-            found = slower_change_point([value for _, value in points])
+            found = slower_change_point([value for _, value in points], min_ratio=self.bands[statistic].threshold)
             if found is None:
                 continue
             last = self.history.last_change_point(trial)
@@ -323,14 +324,14 @@ class BenchReferences:
         if blob is None:
             self.notice(f"The study's reference program {reference.digest[:12]} is gone: freezing a new one.")
             return None
-        return Timed(thaw(blob), self.bench.task.example_input(reference.batch), label="reference")
+        return Timed(thaw(blob, reference.kind), self.bench.task.example_input(reference.batch), label="reference")
 
     def new(self, target: Any) -> tuple[Reference, Timed]:
         """Freeze ``target`` as served (else the baseline model) at the batch whose call takes as long as
-        its P50, store it, and time it from the stored program; a fixed MLP when neither exports."""
+        its P50, store it, and time it from the stored program; a fixed MLP when neither freezes."""
         from pareto.compress import Config
         from pareto.errors import message_line
-        from pareto.measure.reference import FROZEN, size_reference
+        from pareto.measure.reference import size_reference
 
         config = Config.from_dict(target.config)
         target_ms = float(target.metrics["latency_p50_ms"])
@@ -340,11 +341,11 @@ class BenchReferences:
             ("the baseline model", Config(batch_size=config.batch_size)),
         ):
             try:
-                batch, digest = self._freeze(candidate, source, target_ms)
+                batch, kind = self._freeze(candidate, source, target_ms)
             except Exception as exc:  # torch.export refuses many served forms; the next one is tried
                 reasons.append(f"{source}: {message_line(exc)}")
                 continue
-            reference = Reference(batch=batch, kind=FROZEN + digest, source=source)
+            reference = Reference(batch=batch, kind=kind, source=source)
             timed = self.load(reference)
             assert timed is not None
             return reference, timed
@@ -370,7 +371,7 @@ class BenchReferences:
             threads=bench.threads,
             max_batch=config.batch_size,
         )
-        blob, digest = freeze(module, bench.task.example_input(batch))
+        blob, kind = freeze(module, bench.task.example_input(batch))
         with session_scope(bench.engine) as session:
-            trials.save_reference(session, self.study_id, bench.env_id, digest, source, blob)
-        return batch, digest
+            trials.save_reference(session, self.study_id, bench.env_id, Reference(batch, kind).digest, source, blob)
+        return batch, kind

@@ -1,9 +1,10 @@
 """Did a configuration get slower? Two rules, the first whenever the history allows it.
 
 **Drift-corrected** (``compare_corrected``): the nightly times a frozen reference workload in the same
-rounds; the configuration's P99 over the reference's, tonight, is compared with that ratio's level over
-past nights, and called slower above the noise band learned from the study's history
-(``pareto.drift``). The baseline's own ratio says whether the model got slower or this configuration.
+rounds; the configuration's P50 and P99 over the reference's, tonight, are compared with those ratios'
+levels over past nights, and it is called slower when the P50's is above the noise band learned from
+the study's history (``pareto.drift``); a P99 or an SLO that moved alone makes the night no verdict.
+The baseline's own ratio says whether the model got slower or this configuration.
 
 **Absolute** (``compare``), for a configuration with no drift-corrected history yet: the rule
 follows airspeed velocity's ``asv compare``, the continuous-benchmarking tool whose verdicts people
@@ -62,8 +63,9 @@ class Comparison:
     band: float | None = None  #: the P99 noise band's threshold
     band_p50: float | None = None  #: the P50 noise band's threshold
     kind: str | None = None  #: slower: "model" (the baseline too) or "configuration" (the baseline not)
-    #: missed its P99 SLO tonight, but met it with the machine's drift taken out: the night is noisy
-    machine_missed_slo: bool = False
+    #: why tonight gives no verdict on it (its P99 or its SLO moved while its P50 stayed at its level):
+    #: the night is noisy; None when it does
+    inconclusive: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -141,33 +143,39 @@ def compare_corrected(
     slo_ms: float | None,
     reference_p99_ratio: float | None = None,
 ) -> Comparison:
-    """Compare on the drift-corrected statistics: slower when the P50's or the P99's ratio to its level
-    is above its noise band.
+    """Compare on the drift-corrected statistics: slower when the P50's ratio to its level is above its
+    noise band; a P99 above its band with the P50 at its level is no verdict.
 
     ``ratios`` holds, for "p50" and "p99", (statistic / the reference's) tonight over the
     configuration's level of that ratio (``pareto._nightly_drift``); ``baseline_ratios`` the baseline's,
     which say whether the whole model got slower (the baseline too) or this configuration alone.
+
+    A model that got slower is slower at every quantile, and its P50 shows it against a band a few
+    per cent wide. A P99 that grew while the P50 did not is what a neighbour's load does to one night
+    on a shared machine as well as what a tail regression does; one night cannot tell them apart, so
+    such a night, or an SLO missed on it, is no verdict (``inconclusive``), and a tail that stays
+    shows as a change point over the nights (``pareto.drift``).
     """
     over = [s for s in ("p50", "p99") if ratios[s] > bands[s].threshold]
-    slower = bool(over)
+    slower = "p50" in over
     kind = None
     if slower:
-        base = [s for s in over if baseline_ratios is not None and baseline_ratios[s] > bands[s].threshold]
+        base = baseline_ratios is not None and baseline_ratios["p50"] > bands["p50"].threshold
         kind = "model" if base else "configuration"
     verdict_before = p99_verdict(before, slo_ms) if slo_ms is not None else None
     verdict_after = p99_verdict(after, slo_ms) if slo_ms is not None else None
-    lost_slo = verdict_before == "met" and verdict_after != "met"
-    machine_missed = False
-    reasons = [_lost_slo_reason(after, slo_ms, verdict_after)] if lost_slo else []
-    if lost_slo and slo_ms is not None and reference_p99_ratio is not None and reference_p99_ratio > 1.0:
-        upper = after.get("latency_p99_upper_ms")
-        usual = upper / reference_p99_ratio if upper is not None else None
-        if usual is not None and usual <= slo_ms:  # the machine's slowness alone explains the miss
-            lost_slo, machine_missed = False, True
-            reasons = [
-                f"missed the P99 SLO of {slo_ms:g} ms tonight (≤ {upper:.3g} ms) with the machine's P99 "
-                f"×{reference_p99_ratio:.2f} its usual; at its usual speed {usual:.3g} ms: no verdict tonight"
-            ]
+    missed = verdict_before == "met" and verdict_after != "met"
+    reasons = [_lost_slo_reason(after, slo_ms, verdict_after)] if missed else []
+    inconclusive = None
+    if missed and not slower:
+        inconclusive = _missed_by_machine(after, slo_ms, ratios, reference_p99_ratio)
+        reasons = [inconclusive]
+    elif over == ["p99"]:
+        inconclusive = (
+            f"P99 ×{ratios['p99']:.2f} its level (band ×{bands['p99'].threshold:.2f}) with the P50 at ×"
+            f"{ratios['p50']:.2f}: a tail that grew tonight only; no verdict (a tail that stays is a change point)"
+        )
+        reasons.append(inconclusive)
     if slower:
         found = ", ".join(f"{s.upper()} ×{ratios[s]:.2f} its level (band ×{bands[s].threshold:.2f})" for s in over)
         base_note = f" (the baseline ×{baseline_ratios['p50']:.2f} at P50)" if baseline_ratios is not None else ""
@@ -176,13 +184,13 @@ def compare_corrected(
     within = ", ".join(f"{s.upper()} ×{ratios[s]:.2f} ≤ ×{bands[s].threshold:.2f}" for s in ("p50", "p99"))
     return Comparison(
         **_measured(trial, description, before, after),
-        test=f"noise bands ({bands['p99'].source})",
+        test=f"noise bands ({bands['p50'].source})",
         p_value=None,
         slower=slower,
         verdict_before=verdict_before,
         verdict_after=verdict_after,
-        lost_slo=lost_slo,
-        regression=lost_slo or slower,
+        lost_slo=missed and slower,
+        regression=slower,
         reason="; ".join(reasons) or f"within the noise bands ({within})",
         basis="drift-corrected",
         corrected_ratio=ratios["p99"],
@@ -192,7 +200,26 @@ def compare_corrected(
         band=bands["p99"].threshold,
         band_p50=bands["p50"].threshold,
         kind=kind,
-        machine_missed_slo=machine_missed,
+        inconclusive=inconclusive,
+    )
+
+
+def _missed_by_machine(
+    after: dict[str, Any], slo_ms: float | None, ratios: dict[str, float], reference_p99_ratio: float | None
+) -> str:
+    """Why an SLO missed tonight with the P50 at its level is no verdict, with the P99 at the machine's
+    usual speed where the reference's P99 says how much slower the machine was."""
+    upper = after.get("latency_p99_upper_ms")
+    shown = f"≤ {upper:.3g} ms" if upper is not None else "unbounded"
+    usual = ""
+    if upper is not None and reference_p99_ratio is not None and reference_p99_ratio > 1.0:
+        usual = (
+            f", the machine's P99 ×{reference_p99_ratio:.2f} its usual "
+            f"(at its usual speed {upper / reference_p99_ratio:.3g} ms)"
+        )
+    return (
+        f"missed the P99 SLO of {slo_ms:g} ms tonight ({shown}) with its drift-corrected P50 at ×{ratios['p50']:.2f} "
+        f"its level{usual}: the machine's tail, not the model's; no verdict tonight"
     )
 
 

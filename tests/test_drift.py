@@ -92,15 +92,36 @@ def test_a_frozen_reference_is_the_model_as_it_was_whatever_its_code_does_later(
             return self.linear(x) * self.scale
 
     model, x = Scaled().eval(), torch.randn(3, 4)
-    blob, digest = freeze(model, x)
+    blob, kind = freeze(model, x)
     _, same = freeze(model, x)
-    assert len(digest) == 64 and digest == same
-    frozen = thaw(blob)
+    assert kind.startswith("frozen:") and len(Reference(3, kind).digest) == 64 and kind == same
+    frozen = thaw(blob, kind)
     frozen.eval()  # an exported program refuses eval(); the reference takes it
     expected = model(x)
     model.scale = 100.0  # the model's code path changes after freezing; the frozen copy does not
     assert torch.allclose(frozen(x), expected) and not torch.allclose(model(x), expected)
     assert size_batch(model, lambda b: torch.randn(b, 4), 1e-6, "cpu", max_batch=8) == 1
+
+
+def test_an_eager_int8_model_that_export_refuses_is_traced_with_its_int8_kernels() -> None:
+    import warnings
+
+    from torch.ao.quantization import quantize_dynamic
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # the int8 path pareto's int8_dynamic serves
+        model = quantize_dynamic(
+            torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU()).eval(), {torch.nn.Linear}
+        )
+    x = torch.randn(5, 16)
+    blob, kind = freeze(model, x)
+    reference = Reference(5, kind, source="trial 1 as served")
+    assert kind.startswith("traced:") and reference.frozen and "TorchScript" in reference.describe()
+    assert Reference.from_dict(reference.to_dict()) == reference
+    frozen = thaw(blob, kind)
+    frozen.eval()
+    assert torch.equal(frozen(x), model(x))
+    assert "quantized::linear_dynamic" in str(frozen.program.inlined_graph)  # the same int8 kernel
 
 
 def _night(
@@ -206,18 +227,27 @@ def test_history_keeps_to_one_reference_skips_regressions_in_levels_and_reports_
     assert news[0] is True and news.count(True) <= 2
 
 
-def test_an_slo_missed_only_because_the_machine_was_slower_is_no_verdict() -> None:
+def test_an_slo_or_a_p99_that_moved_while_the_p50_stayed_is_no_verdict_a_slower_p50_is_a_regression() -> None:
     bands = {s: noise_band([], s) for s in ("p50", "p99")}
     before = {"latency_p99_ms": 4.0, "latency_p99_lower_ms": 3.5, "latency_p99_upper_ms": 5.0, "samples": 2000}
     after = {"latency_p99_ms": 8.0, "latency_p99_lower_ms": 7.5, "latency_p99_upper_ms": 9.0, "samples": 2000}
     common: dict[str, Any] = {
-        "ratios": {"p50": 1.0, "p99": 1.0},
         "bands": bands,
         "reference_ratio": 1.1,
         "baseline_ratios": {"p50": 1.0, "p99": 1.0},
         "slo_ms": 7.0,
     }
-    machine = compare_corrected(1, "pick", before, after, reference_p99_ratio=2.0, **common)
-    assert not machine.regression and machine.machine_missed_slo and "usual speed 4.5 ms" in machine.reason
-    model = compare_corrected(1, "pick", before, after, reference_p99_ratio=1.05, **common)
-    assert model.regression and model.lost_slo and not model.machine_missed_slo
+    machine = compare_corrected(
+        1, "pick", before, after, ratios={"p50": 1.0, "p99": 1.0}, reference_p99_ratio=2.0, **common
+    )
+    assert not machine.regression and not machine.lost_slo and machine.inconclusive
+    assert "usual speed 4.5 ms" in machine.reason and "no verdict" in machine.reason
+    tail = compare_corrected(1, "pick", before, after, ratios={"p50": 1.02, "p99": 1.9}, **common)
+    assert not tail.regression and tail.inconclusive and "tail" in tail.reason
+    quiet = {**before, "latency_p99_ms": 5.5, "latency_p99_upper_ms": 6.0}
+    tail_only = compare_corrected(1, "pick", before, quiet, ratios={"p50": 1.0, "p99": 1.9}, **common)
+    assert not tail_only.regression and tail_only.inconclusive and "P99 ×1.90" in tail_only.reason
+    model = compare_corrected(1, "pick", before, after, ratios={"p50": 1.3, "p99": 1.3}, **common)
+    assert model.regression and model.lost_slo and not model.inconclusive and model.kind == "configuration"
+    fine = compare_corrected(1, "pick", before, quiet, ratios={"p50": 1.01, "p99": 1.05}, **common)
+    assert not fine.regression and not fine.inconclusive and "within the noise bands" in fine.reason

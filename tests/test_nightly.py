@@ -78,6 +78,7 @@ def test_nightly_unchanged_then_slower_model(db_url: str, tmp_path: Path, monkey
 
     quiet = run_nightly(_spec(), settings, db_url=db_url, notice=lambda _: None)
     assert quiet.status == "ok", quiet.summary["comparisons"]
+    assert quiet.summary["pick_before"]["trial"] == first.summary["pick_after"]["trial"]
     assert {c["basis"] for c in quiet.summary["comparisons"]} == {"drift-corrected"}
     assert quiet.summary["drift"]["reference"] == drift["reference"]  # the same yardstick every night
     assert "Drift-corrected" in quiet.markdown_path.read_text()
@@ -102,6 +103,27 @@ def test_nightly_unchanged_then_slower_model(db_url: str, tmp_path: Path, monkey
     assert moved.summary["environment_changes"] and moved.status == "ok"
     assert {c["basis"] for c in moved.summary["comparisons"]} == {"not compared"}
     assert moved.summary["drift"]["history_nights"] == 0
+
+
+def test_the_pick_stays_until_a_new_configuration_or_a_regression() -> None:
+    from pareto._nightly import _Job
+    from pareto.frontier import Candidate
+
+    def candidate(trial: int) -> Candidate:
+        return Candidate("s", trial, {}, f"trial {trial}", {}, {})
+
+    job, said = _Job.__new__(_Job), []
+    job.notice, job.last_pick = said.append, 2
+    before = [candidate(1), candidate(2)]
+    # tonight's confirmations rank trial 1 first; the pick served since last night stays trial 2
+    assert job._served(before, before[0]).trial == 2 and "stays trial 2" in said[0]
+    job.last_pick = None  # the study's first nightly: the best
+    assert job._served(before, before[0]).trial == 1
+    after = [candidate(1), candidate(2), candidate(3)]
+    assert job._next_pick(before[1], after[0], before, after, False).trial == 2  # noise does not move it
+    assert job._next_pick(before[1], after[2], before, after, False).trial == 3  # a new configuration does
+    assert job._next_pick(before[1], after[0], before, after, True).trial == 1  # a regression does
+    assert job._next_pick(None, after[0], before, after, False).trial == 1
 
 
 def test_nightly_searches_for_the_time_left(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

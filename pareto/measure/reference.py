@@ -8,13 +8,15 @@ with the model: the pick's time divided by the reference's, measured in the same
 pick's time in units of "this machine tonight". Chromium's performance bots run a reference build
 beside the build under test for the same reason.
 
-The reference is a **frozen copy**: the pick as it is served, exported once with ``torch.export`` and
-stored in the database, so it has the pick's kernels and memory traffic (a neighbour that thrashes
-the cache slows a model that streams its weights and not one that fits in L2) but none of the code
-that a later change to the model, the task or pareto could make slower. When the pick cannot be
-exported (ONNX Runtime, PyTorch's eager int8 kernels) the baseline model is frozen instead, and when
-neither can, a fixed-seed multilayer perceptron is the reference. Its batch is chosen once, so that
-a call takes about as long as one call of the pick.
+The reference is a **frozen copy**: the pick as it is served, exported once with ``torch.export``
+(or, where export refuses it, as PyTorch's eager int8 kernels are, traced to TorchScript) and stored
+in the database, so it has the pick's kernels and memory traffic (a neighbour that thrashes the cache
+slows a model that streams its weights and not one that fits in L2; int8 and fp32 kernels drift
+apart between processes by tens of per cent on a shared VM) but none of the code that a later change
+to the model, the task or pareto could make slower. When the pick can be neither exported nor
+traced (ONNX Runtime) the baseline model is frozen instead, and when it cannot either, a fixed-seed
+multilayer perceptron is the reference. Its batch is chosen once, so that a call takes about as long
+as one call of the pick.
 """
 
 from __future__ import annotations
@@ -36,16 +38,18 @@ MAX_BATCH = 8192
 _SIZING_CALLS = 20
 
 
-#: A frozen program's kind: this prefix and its digest.
+#: A frozen program's kind: this prefix and its digest (``torch.export``), or ``TRACED`` and its digest
+#: (a TorchScript trace, for what export refuses).
 FROZEN = "frozen:"
+TRACED = "traced:"
 
 
 @dataclass(frozen=True)
 class Reference:
     """Which reference workload a study's nights time: its kind and its batch (fixed once chosen).
 
-    ``kind`` is ``KIND`` (the fixed MLP) or ``"frozen:<digest>"`` (a stored ``torch.export`` program,
-    whose source says what was frozen).
+    ``kind`` is ``KIND`` (the fixed MLP), ``"frozen:<digest>"`` (a stored ``torch.export`` program) or
+    ``"traced:<digest>"`` (a stored TorchScript trace); ``source`` says what was frozen.
     """
 
     batch: int
@@ -54,11 +58,11 @@ class Reference:
 
     @property
     def frozen(self) -> bool:
-        return self.kind.startswith(FROZEN)
+        return self.kind.startswith((FROZEN, TRACED))
 
     @property
     def digest(self) -> str:
-        return self.kind.removeprefix(FROZEN)
+        return self.kind.removeprefix(FROZEN).removeprefix(TRACED)
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "batch": self.batch, "source": self.source}
@@ -69,41 +73,63 @@ class Reference:
         if not data or not isinstance(data.get("batch"), int):
             return None
         kind = data.get("kind")
-        if kind != KIND and not (isinstance(kind, str) and kind.startswith(FROZEN)):
+        if kind != KIND and not (isinstance(kind, str) and kind.startswith((FROZEN, TRACED))):
             return None
         return cls(batch=data["batch"], kind=kind, source=str(data.get("source") or ""))
 
     def describe(self) -> str:
         if self.frozen:
-            return f"frozen copy of {self.source} (torch.export program {self.digest[:12]}) at batch {self.batch}"
+            how = "torch.export program" if self.kind.startswith(FROZEN) else "TorchScript trace"
+            return f"frozen copy of {self.source} ({how} {self.digest[:12]}) at batch {self.batch}"
         return f"reference MLP ({_LAYERS} × {_WIDTH}-wide Linear, fixed seed) at batch {self.batch}"
 
 
 def freeze(module: nn.Module, example: Any) -> tuple[bytes, str]:
-    """``module`` exported with ``torch.export`` at ``example`` and serialized: the program and its SHA-256.
+    """``module`` frozen at ``example`` and serialized: the program, and its kind (``FROZEN`` or ``TRACED``
+    and the blob's SHA-256).
+
+    ``torch.export`` first; a module it refuses (PyTorch's eager int8 kernels hold packed weights it
+    cannot flatten) is traced to TorchScript, which records the same kernels.
 
     Raises:
-        Exception: whatever ``torch.export`` raises for a module it cannot export.
+        Exception: what the TorchScript trace raises for a module neither can freeze (the export's
+        reason is chained).
     """
     import hashlib
     import io
+    import warnings
 
     from pareto.devices import as_args
 
     args = as_args(example)
-    with torch.no_grad():
-        program = torch.export.export(module, args)
     buffer = io.BytesIO()
-    torch.export.save(program, buffer)
+    with torch.no_grad():
+        try:
+            torch.export.save(torch.export.export(module, args), buffer)
+            prefix = FROZEN
+        except Exception as refused:
+            buffer = io.BytesIO()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # TorchScript's deprecation and tracer warnings
+                try:
+                    torch.jit.save(torch.jit.trace(module, args, check_trace=False), buffer)
+                except Exception as exc:
+                    raise exc from refused
+            prefix = TRACED
     blob = buffer.getvalue()
-    return blob, hashlib.sha256(blob).hexdigest()
+    return blob, prefix + hashlib.sha256(blob).hexdigest()
 
 
-def thaw(blob: bytes) -> nn.Module:
-    """A stored program as a module, on the device it was frozen on (an exported program is always in
-    inference form; the wrapper takes ``eval()``, which the program itself refuses)."""
+def thaw(blob: bytes, kind: str = FROZEN) -> nn.Module:
+    """A stored program of ``kind`` as a module, on the device it was frozen on (an exported program is
+    always in inference form; the wrapper takes ``eval()``, which the program itself refuses)."""
     import io
+    import warnings
 
+    if kind.startswith(TRACED):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return _Frozen(torch.jit.load(io.BytesIO(blob)))
     return _Frozen(torch.export.load(io.BytesIO(blob)).module())
 
 
