@@ -296,10 +296,13 @@ class _Job:
     ) -> Candidate | None:
         """Tomorrow's pick: the best now when tonight found a new configuration or a regression, or when
         there was none; else tonight's pick, so that one night's noise in the confirmations does not move
-        it and restart its history."""
+        it and restart its history. When nothing meets the SLOs tonight (a loaded night's confirmations),
+        the pick stays: it is still what is served, and still watched."""
         known = {c.trial for c in before}
         kept = next((c for c in after if pick is not None and c.trial == pick.trial), None)
-        if regression or kept is None or (best is not None and best.trial not in known):
+        if best is None or kept is None:  # nothing meets the SLOs tonight: the pick is still what is served
+            return kept or best
+        if regression or best.trial not in known:
             return best
         return kept
 

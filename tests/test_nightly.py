@@ -124,6 +124,7 @@ def test_the_pick_stays_until_a_new_configuration_or_a_regression() -> None:
     assert job._next_pick(before[1], after[2], before, after, False).trial == 3  # a new configuration does
     assert job._next_pick(before[1], after[0], before, after, True).trial == 1  # a regression does
     assert job._next_pick(None, after[0], before, after, False).trial == 1
+    assert job._next_pick(before[1], None, before, after, True).trial == 2  # nothing feasible: still watched
 
 
 def test_nightly_searches_for_the_time_left(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
