@@ -77,6 +77,9 @@ CONFIGS = {
         ["@onnxruntime", "ort_int8_dynamic"],
         ["@onnxruntime", "ort_int8_dynamic:per_channel=True"],
         ["@compile", "int8_static"],
+        # the CPU's own levers: bf16 compiled (native on AMX and AVX-512 BF16), stacked with pruning
+        ["@compile", "bf16"],
+        ["@compile", "prune_structured:ratio=0.25", "bf16"],
     ],
     "minilm": [
         [],
@@ -98,6 +101,12 @@ CONFIGS = {
         ["@onnxruntime", "ort_int8_dynamic:per_channel=True"],
         ["@onnxruntime", "prune_structured:ratio=0.25", "ort_int8_dynamic:per_channel=True"],
         ["@compile", "int8_static"],
+        # the CPU's own levers: bf16 (native on AMX and AVX-512 BF16), best compiled; stacked with
+        # light pruning and its recovery
+        ["bf16"],
+        ["@compile", "bf16"],
+        ["@compile", "prune_structured:ratio=0.1", "finetune:steps=100,lr=0.0001", "bf16"],
+        ["@compile", "prune_structured:ratio=0.25", "finetune:steps=200,lr=0.0001", "bf16"],
     ],
     "resnet": [
         [],

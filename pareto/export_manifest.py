@@ -21,7 +21,7 @@ MANIFEST = "manifest.json"
 #: Bumped when a manifest field changes meaning.
 MANIFEST_VERSION = 1
 #: What differs between the measuring and the exporting environment that can change latency.
-ENVIRONMENT_FIELDS = ("device", "device_name", "driver", "cpu_model", "torch_version", "threads")
+ENVIRONMENT_FIELDS = ("device", "device_name", "driver", "cpu_model", "cpu_features", "torch_version", "threads")
 
 #: What each built-in technique becomes in the artifact (tests check that every registered one has a line).
 TECHNIQUE_NOTES: dict[str, str] = {

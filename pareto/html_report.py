@@ -19,6 +19,7 @@ from pareto.errors import ParetoError, UsageError
 from pareto.html_data import ReportData, escape, load_data, trial_status
 from pareto.html_figures import ReportFigure, draw_all
 from pareto.limits import Limits
+from pareto.measure.environment import describe_cpu_features
 from pareto.metrics import METHOD_SEPARATOR
 from pareto.naming import describe_config
 from pareto.units import format_bytes, format_ms
@@ -213,6 +214,7 @@ def _study_card(data: ReportData) -> str:
         ("SLO", escape(data.constraints.describe())),
         ("device", escape(device)),
         ("CPU", escape(env.get("cpu_model", "—"))),
+        ("CPU kernels", escape(describe_cpu_features(env["cpu_features"]) if env.get("cpu_features") else "—")),
         ("threads", escape(env.get("threads", "—"))),
         ("torch", escape(env.get("torch_version", "—"))),
     ]

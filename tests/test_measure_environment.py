@@ -13,7 +13,7 @@ def test_fingerprint_keys_and_stable_key() -> None:
     assert set(fp) == {
         "device", "device_name", "driver", "torch_version", "python_version",
         "platform", "cpu_model", "cpu_count", "threads", "hostname", "onnxruntime_version",
-        "torchao_version", "cuda_math",
+        "torchao_version", "cuda_math", "cpu_features", "cpu_id", "cpu_capability",
     }  # fmt: skip
     assert fp["device"] == "cpu" and fp["threads"] == 2 and fp["driver"] is None and fp["cuda_math"] is None
     assert fp["device_name"] == fp["cpu_model"] and fp["cpu_model"]
@@ -56,3 +56,79 @@ def test_fingerprint_cuda() -> None:
     assert fp["device_name"] == torch.cuda.get_device_name(0)
     assert fp["driver"]
     assert fp["cuda_math"].startswith("float32_matmul_precision=")
+
+
+SAPPHIRE_RAPIDS = """processor\t: 0
+vendor_id\t: GenuineIntel
+cpu family\t: 6
+model\t\t: 143
+model name\t: Intel(R) Xeon(R) Processor
+stepping\t: 8
+flags\t\t: fpu sse sse2 avx avx2 fma f16c avx512f avx512bw avx512vl avx512_vnni {extra}
+
+processor\t: 1
+flags\t\t: fpu
+"""
+CASCADE_LAKE = SAPPHIRE_RAPIDS.replace("model\t\t: 143", "model\t\t: 85").format(extra="")
+SAPPHIRE_RAPIDS = SAPPHIRE_RAPIDS.format(extra="avx512_bf16 avx512_fp16 avx_vnni amx_bf16 amx_tile amx_int8")
+GRAVITON3 = """processor\t: 0
+Features\t: fp asimd evtstrm aes asimdhp asimddp sve sve2 bf16 i8mm
+CPU implementer\t: 0x41
+CPU part\t: 0xd40
+"""
+
+
+def _fingerprint_on(monkeypatch: pytest.MonkeyPatch, cpuinfo: str) -> dict[str, object]:
+    import pareto.measure.environment as environment
+
+    monkeypatch.setattr(environment, "_cpu_model", lambda: "Intel(R) Xeon(R) Processor")  # what cloud VMs say
+    monkeypatch.setattr(environment, "_cpuinfo", lambda: environment.parse_cpuinfo(cpuinfo))
+    return fingerprint("cpu", 2)
+
+
+def test_cpus_with_other_kernel_features_never_share_an_environment_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pareto.measure.environment import describe_cpu_features
+
+    new, old = _fingerprint_on(monkeypatch, SAPPHIRE_RAPIDS), _fingerprint_on(monkeypatch, CASCADE_LAKE)
+    assert new["cpu_model"] == old["cpu_model"] and new["hostname"] == old["hostname"]
+    assert environment_key(new) != environment_key(old)
+    assert new["cpu_features"] == (
+        "avx2 fma f16c avx512f avx512bw avx512vl avx512_vnni avx512_bf16 avx512_fp16 avx_vnni "
+        "amx_tile amx_int8 amx_bf16"
+    )
+    assert new["cpu_id"] == "family 6 model 143 stepping 8" and old["cpu_id"] == "family 6 model 85 stepping 8"
+    assert describe_cpu_features(str(new["cpu_features"])) == (
+        "AVX2, AVX-512 (VNNI, bf16, fp16), AVX-VNNI, AMX (int8, bf16)"
+    )
+    assert describe_cpu_features(str(old["cpu_features"])) == "AVX2, AVX-512 (VNNI)"
+    # the same flags under another model number (another generation's kernels and caches): another key
+    stepping = _fingerprint_on(monkeypatch, SAPPHIRE_RAPIDS.replace("model\t\t: 143", "model\t\t: 207"))
+    assert environment_key(stepping) != environment_key(new)
+    arm = _fingerprint_on(monkeypatch, GRAVITON3)
+    assert arm["cpu_id"] == "implementer 0x41 part 0xd40"
+    assert describe_cpu_features(str(arm["cpu_features"])) == "NEON (dot product, fp16, bf16, int8 matmul), SVE (SVE2)"
+    # no /proc/cpuinfo (macOS, Windows): no features recorded, and the key is as it was without them
+    bare = _fingerprint_on(monkeypatch, "")
+    assert bare["cpu_features"] is None and bare["cpu_id"] is None
+    without = {k: v for k, v in bare.items() if k not in {"cpu_features", "cpu_id"}}
+    assert environment_key(bare) == environment_key(without)
+
+
+def test_techniques_say_what_this_cpus_instructions_do_for_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    import pareto.measure.environment as environment
+    from pareto.compress.base import describe_techniques
+    from pareto.compress.cpu import on_this_cpu
+
+    amx = str(_fingerprint_on(monkeypatch, SAPPHIRE_RAPIDS)["cpu_features"])
+    avx512 = str(_fingerprint_on(monkeypatch, CASCADE_LAKE)["cpu_features"])
+    assert on_this_cpu("bf16", amx).startswith("native: AMX bf16")
+    assert on_this_cpu("bf16", avx512).startswith("not native")
+    assert on_this_cpu("fp16", avx512).startswith("not native") and "AVX-512 FP16" in str(on_this_cpu("fp16", amx))
+    assert on_this_cpu("ort_int8_dynamic", amx) == "int8 dot products: AMX int8 tiles, AVX-512 VNNI, AVX-VNNI"
+    assert on_this_cpu("int8_static", avx512) == "int8 dot products: AVX-512 VNNI"
+    assert on_this_cpu("int8_dynamic", "avx2 fma").startswith("no VNNI")
+    assert on_this_cpu("lowrank", amx) is None  # the instructions do not decide it
+    monkeypatch.setattr(environment, "host_cpu", lambda: (avx512, "AVX512"))
+    listing = {t["name"]: t for t in describe_techniques("cpu")}
+    assert listing["bf16"]["on_this_cpu"].startswith("not native") and "AVX512" in listing["compile"]["on_this_cpu"]
+    assert listing["prune_structured"]["on_this_cpu"] is None

@@ -191,6 +191,28 @@ def test_a_graph_the_quantizer_cannot_annotate_fails_the_trial_with_its_reason(
     )
 
 
+@needs_pt2e
+def test_when_the_linear_activation_fusion_fails_the_linears_are_quantized_alone(
+    conv: Task, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    flow, _ = pt2e._pt2e()
+    prepare = flow.prepare
+
+    def fusion_fails(graph: object, quantizer: object) -> object:  # as torchao 0.18 does on MiniLM's linear + GELU
+        if "_annotate_linear_unary" not in vars(quantizer):  # the fused pattern is still annotated
+            raise IndexError("list index out of range")
+        return prepare(graph, quantizer)
+
+    monkeypatch.setattr(flow, "prepare", fusion_fails)
+    served = apply(conv.model, STATIC, conv)
+    (note,) = served.notes
+    assert note.startswith("int8_static: linears quantized one by one") and "IndexError" in note
+    x = conv.example_input(8)
+    with torch.inference_mode():
+        assert torch.allclose(served.module(x), conv.model(x), atol=0.1, rtol=0.1)
+    assert any(t.dtype == torch.int8 for t in served.eager.buffers())  # the weights are int8 constants
+
+
 def _spec(tmp_name: str) -> SearchSpec:
     return SearchSpec.model_validate(
         {

@@ -26,7 +26,7 @@ def command(ctx: click.Context, db: str | None, as_json: bool) -> None:
         return
     table = Table(title="Studies")
     columns = ("study", "task", "scenario", "objectives", "complete", "failed", "duplicate", "busy", "running")
-    for column in (*columns, "P99 SLO", "environments", "last nightly", "updated"):
+    for column in (*columns, "P99 SLO", "environments", "CPU kernels", "last nightly", "updated"):
         table.add_column(column)
     for r in rows:
         p99 = r["slo"].get("p99")
@@ -43,6 +43,7 @@ def command(ctx: click.Context, db: str | None, as_json: bool) -> None:
             str(r["running"]),
             format_ms(p99) if p99 else "—",
             str(r["environments"]),
+            "; ".join(r["cpu_kernels"]) or "—",
             f"{nightly['started_at'][:16].replace('T', ' ')} {nightly['status']}" if nightly else "—",
             r["updated_at"][:19].replace("T", " "),
         )

@@ -36,11 +36,24 @@ def command(device: str, task: str | None, as_json: bool) -> None:
             params,
             "all" if len(t["backends"]) == len(BACKENDS) else ", ".join(t["backends"]),
             "[green]yes[/]" if t["available"] else "[red]no[/]",
-            escape(t["summary"] if t["available"] else t["reason"]),
+            escape(_what(t)),
         )
     out.print(table)
+    if any(t.get("on_this_cpu") for t in listing):  # judged on the CPU
+        from pareto.measure.environment import describe_cpu_features, host_cpu
+
+        features, capability = host_cpu()
+        out.print(f"This CPU: {describe_cpu_features(features)}; torch dispatches its own kernels at {capability}.")
     out.print(
         "backends: where a configuration with the technique can be served (pareto search --backend); "
         "the techniques run in order on the PyTorch model, then it is compiled or exported to ONNX "
         "Runtime, then ort_int8_dynamic quantizes the exported graph."
     )
+
+
+def _what(technique: dict[str, object]) -> str:
+    """What it does (and what this CPU's instructions do for it), or why it cannot run."""
+    if not technique["available"]:
+        return str(technique["reason"])
+    here = technique.get("on_this_cpu")
+    return f"{technique['summary']}\non this CPU: {here}" if here else str(technique["summary"])

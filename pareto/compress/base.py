@@ -150,11 +150,12 @@ def describe_techniques(device: str, task: Task | None = None) -> list[dict[str,
     """Every registered technique with its parameters and whether it can run on ``device`` for ``task``.
 
     Each entry is ``{"name", "family", "summary", "parameters", "available", "reason", "backend", "backends",
-    "judged_with"}``;
+    "judged_with", "on_this_cpu"}``;
     ``parameters`` maps each parameter to a short type/range text, ``backend`` names the library
     whose kernels would run (None where the technique does not say or cannot run), ``backends`` the
     serving backends a configuration with it can use, ``judged_with`` the parameters availability was
-    judged with. Entries come in canonical
+    judged with, ``on_this_cpu`` (on the CPU) what this CPU's instructions do for it
+    (``pareto.compress.cpu``; None where they do not decide). Entries come in canonical
     family order, then by name. Availability is judged on the technique built from its defaults
     and ``example`` values; on a CUDA device it also needs a probe through the technique's kernels
     to have run there (``pareto.compress.kernels``).
@@ -164,8 +165,11 @@ def describe_techniques(device: str, task: Task | None = None) -> list[dict[str,
         >>> [t["name"] for t in describe_techniques("cpu") if t["family"] == "lowrank"]
         ['lowrank']
     """
+    from pareto.compress.cpu import on_this_cpu
     from pareto.compress.kernels import kernel_reason
+    from pareto.measure.environment import host_cpu
 
+    features, capability = host_cpu() if device == "cpu" else (None, None)
     techniques = sorted(registry().values(), key=canonical_key)
     listing = []
     for cls in techniques:
@@ -182,6 +186,7 @@ def describe_techniques(device: str, task: Task | None = None) -> list[dict[str,
                 "backend": technique.backend(device) if reason is None else None,
                 "backends": list(cls.backends),
                 "judged_with": technique.params(),
+                "on_this_cpu": on_this_cpu(cls.name, features, capability) if device == "cpu" else None,
             }
         )
     return listing

@@ -120,10 +120,12 @@ def apply(model: nn.Module, config: Config, task: Task, *, device: str | None = 
     compressed = copy.deepcopy(model).eval().to(where)
     view = dataclasses.replace(on_device(task, where), batch_size=config.batch_size)
     on_module = [t for t in config.techniques if not t.on_graph]
+    notes: list[str] = []
     for technique in (t for t in on_module if t.family != "compile"):
-        compressed = _apply_one(technique, compressed, view).module
+        step = _apply_one(technique, compressed, view)
+        compressed, notes = step.module, [*notes, *step.notes]
         _route_around_fused_encoder_kernel(compressed)  # before the next technique (compile) sees it
-    served = _declared(compressed, config.techniques)
+    served = dataclasses.replace(_declared(compressed, config.techniques), notes=tuple(notes))
     for technique in (t for t in on_module if t.family == "compile"):  # torch.compile, CUDA graphs
         served = served.then(_apply_one(technique, served.module, view))
         _route_around_fused_encoder_kernel(served.module)

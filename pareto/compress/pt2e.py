@@ -30,6 +30,7 @@ from torch import nn
 from pareto.compress.base import Backend, Family, Technique, register
 from pareto.compress.compile import _compile_reason
 from pareto.compress.quantize import TORCHAO_HINT, _has_ao_quantized, _is_wrapper_tensor
+from pareto.compress.served import Step
 from pareto.compress.tracing import calibration_inputs, first_line, quiet, trace_first
 from pareto.devices import model_device
 from pareto.errors import TechniqueError
@@ -156,7 +157,11 @@ class Int8Static(Technique):
         return pt2e_reason(device)
 
     def apply(self, model: nn.Module, task: Task) -> nn.Module:
-        """Return the converted graph module (the pipeline compiles it with freezing: ``inductor_freezing``).
+        return self.build(model, task).module
+
+    def build(self, model: nn.Module, task: Task) -> Step:
+        """The converted graph module (the pipeline compiles it with freezing: ``inductor_freezing``), with a
+        note when the quantizer's linear + activation fusion had to be left out.
 
         Raises:
             TechniqueError: the quantizer cannot run here, the model is not float32, is quantized
@@ -175,25 +180,56 @@ class Int8Static(Technique):
             raise TechniqueError(
                 f"{self.describe()} quantizes a float32 model; drop fp16/bf16 from this configuration."
             )
-        flow, library = _pt2e()
-        assert flow is not None  # available() said so
         graph = _export(self, model.eval(), task)
-        try:
-            with quiet():
-                prepared = flow.prepare(graph, flow.quantizer().set_global(flow.config()))
-                with torch.no_grad():
-                    for args in calibration_inputs(task):
-                        prepared(*args)
-                converted = flow.convert(prepared)
-        except Exception as exc:  # the quantizer's own limits (some graphs' fusion patterns): the trial fails
-            raise TechniqueError(
-                f"{self.describe()}: {library}'s X86 Inductor quantizer failed on this model's graph: "
-                f"{type(exc).__name__}: {first_line(exc)}"
-            ) from exc
+        converted, note = _quantize(self, graph, task)
         _drop_unused_attributes(converted)
         _eval_only(converted)
         converted.requires_grad_(False)
-        return converted
+        return Step(converted, notes=(note,) if note else ())
+
+
+def _quantize(technique: Technique, graph: torch.fx.GraphModule, task: Task) -> tuple[torch.fx.GraphModule, str | None]:
+    """Prepare, calibrate and convert ``graph``; the note says what was left in float.
+
+    The X86 Inductor quantizer annotates each linear followed by an activation as one fused pattern;
+    on some graphs (BERT's linear + GELU, torchao 0.18) that annotation raises. The linears are then
+    annotated one by one without the fusion (each stays int8, its activation runs in float between
+    them), and the note says so; a graph that fails that way too fails the trial with the first reason.
+    """
+    import copy
+
+    flow, library = _pt2e()
+    assert flow is not None  # available() said so
+    pristine = copy.deepcopy(graph)
+    try:
+        return _calibrated(flow, graph, task, fuse=True), None
+    except Exception as exc:  # the quantizer's own limits (some graphs' fusion patterns)
+        first = exc
+    try:
+        converted = _calibrated(flow, pristine, task, fuse=False)
+    except Exception:
+        raise TechniqueError(
+            f"{technique.describe()}: {library}'s X86 Inductor quantizer failed on this model's graph: "
+            f"{type(first).__name__}: {first_line(first)}"
+        ) from first
+    return converted, (
+        f"int8_static: linears quantized one by one, their activations left in float: the quantizer's "
+        f"linear + activation fusion failed on this graph ({type(first).__name__}: {first_line(first)})"
+    )
+
+
+def _calibrated(flow: SimpleNamespace, graph: torch.fx.GraphModule, task: Task, *, fuse: bool) -> torch.fx.GraphModule:
+    quantizer = flow.quantizer().set_global(flow.config())
+    if not fuse:
+        # the linear + unary fusion is one pass of the quantizer's annotation; without it the plain
+        # linear pass annotates every linear
+        quantizer._annotate_linear_unary = lambda *args, **kwargs: None
+    with quiet():
+        prepared = flow.prepare(graph, quantizer)
+        with torch.no_grad():
+            for args in calibration_inputs(task):
+                prepared(*args)
+        return flow.convert(prepared)
 
 
 def _export(technique: Technique, model: nn.Module, task: Task) -> torch.fx.GraphModule:

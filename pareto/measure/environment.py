@@ -17,7 +17,25 @@ KEY_FIELDS = ("device_name", "driver", "torch_version", "cpu_model", "threads", 
 #: keep their keys: installing or upgrading ONNX Runtime or torchao (whose kernels int8_dynamic prefers
 #: and int8_static needs) makes a new environment, as a torch upgrade does. ``cuda_math`` (CUDA only)
 #: holds the float32 math settings: TF32 on or off changes an fp32 model's time on a GPU 5-10x.
-OPTIONAL_KEY_FIELDS = ("onnxruntime_version", "torchao_version", "cuda_math")
+#: ``cpu_features``, ``cpu_id`` and ``cpu_capability`` say which CPU kernels can run: cloud VMs report
+#: every Intel generation as "Intel(R) Xeon(R) Processor", and one with AMX runs bf16 and int8
+#: matmuls on other kernels than one without.
+OPTIONAL_KEY_FIELDS = (
+    "onnxruntime_version",
+    "torchao_version",
+    "cuda_math",
+    "cpu_features",
+    "cpu_id",
+    "cpu_capability",
+)
+#: The CPU flags that decide which kernels oneDNN, FBGEMM, MLAS and Inductor choose, as Linux names them
+#: in /proc/cpuinfo: x86 vector widths and their int8 (VNNI), bf16 and fp16 instructions and AMX
+#: tiles; Arm's SIMD dot products, SVE, bf16 and int8 matrix multiply.
+KERNEL_FEATURES = (
+    "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16",
+    "avx_vnni", "amx_tile", "amx_int8", "amx_bf16", "amx_fp16",
+    "asimd", "asimdhp", "asimddp", "sve", "sve2", "bf16", "i8mm",
+)  # fmt: skip
 
 
 def fingerprint(device: str, threads: int) -> dict[str, Any]:
@@ -30,14 +48,17 @@ def fingerprint(device: str, threads: int) -> dict[str, Any]:
     Returns:
         device, device_name, driver (None on CPU), torch_version, python_version, platform,
         cpu_model, cpu_count, threads, hostname, onnxruntime_version and torchao_version (None when
-        that library is not installed; then it is not part of the key), and on CUDA ``cuda_math``
-        (``cuda_math_settings``; None on the CPU).
+        that library is not installed; then it is not part of the key), on CUDA ``cuda_math``
+        (``cuda_math_settings``; None on the CPU), and the CPU's ``cpu_features`` (``KERNEL_FEATURES``
+        it has), ``cpu_id`` (family, model and stepping; Arm's implementer and part) and
+        ``cpu_capability`` (the vector code torch's own kernels dispatch to), None where unreadable.
     """
     import torch  # lazily: query commands import this package without torch
 
     from pareto.compress.onnxrt import onnxruntime_version
 
     cpu_model = _cpu_model()
+    cpuinfo = _cpuinfo()
     on_cuda = device.startswith("cuda")
     return {
         "device": device,
@@ -53,7 +74,82 @@ def fingerprint(device: str, threads: int) -> dict[str, Any]:
         "onnxruntime_version": onnxruntime_version(),
         "torchao_version": distribution_version("torchao"),
         "cuda_math": cuda_math_settings() if on_cuda else None,
+        "cpu_features": cpu_features(cpuinfo),
+        "cpu_id": cpu_id(cpuinfo),
+        "cpu_capability": _cpu_capability(),
     }
+
+
+def host_cpu() -> tuple[str | None, str | None]:
+    """This CPU's ``KERNEL_FEATURES`` (space-separated) and torch's dispatch level, as ``fingerprint`` records them."""
+    return cpu_features(_cpuinfo()), _cpu_capability()
+
+
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's block of /proc/cpuinfo (empty where there is none)."""
+    try:
+        return parse_cpuinfo(Path("/proc/cpuinfo").read_text())
+    except OSError:
+        return {}
+
+
+def parse_cpuinfo(text: str) -> dict[str, str]:
+    """The first processor's fields of a /proc/cpuinfo text."""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip() and fields:
+            break
+        name, sep, value = line.partition(":")
+        if sep:
+            fields.setdefault(name.strip(), value.strip())
+    return fields
+
+
+def cpu_features(cpuinfo: dict[str, str]) -> str | None:
+    """The ``KERNEL_FEATURES`` the CPU has, space-separated in that order; None when none are listed."""
+    flags = set((cpuinfo.get("flags") or cpuinfo.get("Features") or "").split())
+    present = [name for name in KERNEL_FEATURES if name in flags]
+    return " ".join(present) or None
+
+
+def cpu_id(cpuinfo: dict[str, str]) -> str | None:
+    """ "family 6 model 143 stepping 8" (x86) or "implementer 0x41 part 0xd40" (Arm); None when unknown."""
+    if "cpu family" in cpuinfo:
+        return (
+            f"family {cpuinfo['cpu family']} model {cpuinfo.get('model', '?')} stepping {cpuinfo.get('stepping', '?')}"
+        )
+    if "CPU implementer" in cpuinfo:
+        return f"implementer {cpuinfo['CPU implementer']} part {cpuinfo.get('CPU part', '?')}"
+    return None
+
+
+def _cpu_capability() -> str | None:
+    import torch
+
+    try:
+        return str(torch.backends.cpu.get_cpu_capability())
+    except (AttributeError, RuntimeError):  # torch builds before 2.1 have no such query
+        return None
+
+
+def describe_cpu_features(features: str | None) -> str:
+    """The CPU's kernel features in words: "AVX2, AVX-512 (VNNI, bf16, fp16), AVX-VNNI, AMX (int8, bf16)"."""
+    have = set((features or "").split())
+    parts = []
+    if "avx2" in have:
+        parts.append("AVX2")
+    groups = (
+        ("AVX-512", "avx512f", (("avx512_vnni", "VNNI"), ("avx512_bf16", "bf16"), ("avx512_fp16", "fp16"))),
+        ("AVX-VNNI", "avx_vnni", ()),
+        ("AMX", "amx_tile", (("amx_int8", "int8"), ("amx_bf16", "bf16"), ("amx_fp16", "fp16"))),
+        ("NEON", "asimd", (("asimddp", "dot product"), ("asimdhp", "fp16"), ("bf16", "bf16"), ("i8mm", "int8 matmul"))),
+        ("SVE", "sve", (("sve2", "SVE2"),)),
+    )
+    for name, flag, extras in groups:
+        if flag in have:
+            inner = [word for extra, word in extras if extra in have]
+            parts.append(f"{name} ({', '.join(inner)})" if inner else name)
+    return ", ".join(parts) or "no vector extensions listed"
 
 
 def cuda_math_settings() -> str:

@@ -93,6 +93,9 @@ def environment_dict(env: Environment) -> dict[str, Any]:
         # where ONNX Runtime was installed (the version is part of the key then); None elsewhere
         "onnxruntime_version": details.get("onnxruntime_version"),
         "torchao_version": details.get("torchao_version"),  # likewise, torchao
+        # the CPU's kernel features, family and model (part of the key where recorded; None before)
+        "cpu_features": details.get("cpu_features"),
+        "cpu_id": details.get("cpu_id"),
         **cuda_math,
     }
 
@@ -387,7 +390,8 @@ def probe_quiet_ms(session: Session, environment_key: str) -> float | None:
 
 
 def study_summaries(session: Session) -> list[dict[str, Any]]:
-    """One row per study: name, task, trial counts by state, SLO, environments, dates."""
+    """One row per study: name, task, trial counts by state, SLO, environments (and their CPUs' kernel
+    features in words), dates."""
     studies = session.scalars(select(Study).order_by(Study.created_at, Study.id)).all()
     counts: dict[tuple[int, str], int] = {
         (study_id, state): n
@@ -397,7 +401,8 @@ def study_summaries(session: Session) -> list[dict[str, Any]]:
     }
     result = []
     for s in studies:
-        n_env = len(study_environments(session, s))
+        environments = study_environments(session, s)
+        n_env = len(environments)
         result.append(
             {
                 "study": s.name,
@@ -412,12 +417,20 @@ def study_summaries(session: Session) -> list[dict[str, Any]]:
                 "scenario": s.spec.get("scenario"),
                 "objectives": s.spec.get("objectives", list(DEFAULT_OBJECTIVE_NAMES)),
                 "environments": n_env or 0,
+                "cpu_kernels": _cpu_kernels(environments),
                 "last_nightly": _last_nightly(session, s.id),
                 "created_at": s.created_at.isoformat(),
                 "updated_at": s.updated_at.isoformat(),
             }
         )
     return result
+
+
+def _cpu_kernels(environments: list[dict[str, Any]]) -> list[str]:
+    """The kernel features of the CPUs a study was measured on, in words, once each."""
+    from pareto.measure.environment import describe_cpu_features
+
+    return sorted({describe_cpu_features(e["cpu_features"]) for e in environments if e.get("cpu_features")})
 
 
 def _last_nightly(session: Session, study_id: int) -> dict[str, Any] | None:
