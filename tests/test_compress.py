@@ -393,6 +393,7 @@ def test_describe_techniques_lists_every_technique_with_its_availability() -> No
             "backend",
             "backends",
             "judged_with",
+            "on_this_cpu",
         }
         assert entry["summary"] and "\n" not in entry["summary"]
         assert entry["available"] is (entry["reason"] is None)
