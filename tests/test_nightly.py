@@ -77,7 +77,8 @@ def test_nightly_unchanged_then_slower_model(db_url: str, tmp_path: Path, monkey
     assert any(m["is_baseline"] for m in drift["measured"]) and drift["bands"]["p50"]["source"] == "default"
 
     quiet = run_nightly(_spec(), settings, db_url=db_url, notice=lambda _: None)
-    assert quiet.status == "ok", quiet.summary["comparisons"]
+    # unchanged: ok, or noisy when a loaded test machine moved the tiny model's P99 alone; never a regression
+    assert quiet.status in {"ok", "noisy"}, quiet.summary["comparisons"]
     assert quiet.summary["pick_before"]["trial"] == first.summary["pick_after"]["trial"]
     assert {c["basis"] for c in quiet.summary["comparisons"]} == {"drift-corrected"}
     assert quiet.summary["drift"]["reference"] == drift["reference"]  # the same yardstick every night
@@ -93,7 +94,7 @@ def test_nightly_unchanged_then_slower_model(db_url: str, tmp_path: Path, monkey
     assert slow.summary["reproduced"] is True
 
     rows = pareto.history(study="night", db=db_url)
-    assert [r["status"] for r in rows] == [first.status, "ok", "regression"]
+    assert [r["status"] for r in rows] == [first.status, quiet.status, "regression"]
     assert rows[2]["regressions"][0]["ratio"] > 2.0 and rows[1]["drift"]["pick"]["corrected_p99_ms"] > 0
     assert "measured" not in rows[1]["drift"]
 
