@@ -16,40 +16,40 @@ from __future__ import annotations
 INT8 = ("int8_dynamic", "int8_static", "ort_int8_dynamic", "ort_int8_static")
 
 
+#: For each cast, the flags that make it native, best first, with what they mean; then what it is without.
+_CASTS: dict[str, tuple[tuple[tuple[str, str], ...], str]] = {
+    "bf16": (
+        (
+            ("amx_bf16", "AMX bf16 tiles (oneDNN matmuls and convolutions); pays most on the compile backend"),
+            ("avx512_bf16", "AVX-512 BF16 dot products (oneDNN); pays most on the compile backend"),
+            ("bf16", "Arm BF16 matrix multiply (oneDNN/ACL)"),
+        ),
+        "not native (no AMX or AVX-512 BF16): converted around each op, often slower than float32",
+    ),
+    "fp16": (
+        (
+            ("amx_fp16", "AMX fp16 tiles (oneDNN)"),
+            ("avx512_fp16", "AVX-512 FP16 arithmetic (oneDNN)"),
+            ("asimdhp", "Arm half-precision SIMD"),
+        ),
+        "not native (F16C converts, it does not compute): usually slower than float32",
+    ),
+}
+
+
 def on_this_cpu(name: str, features: str | None, capability: str | None = None) -> str | None:
     """What this CPU's instructions do for technique ``name`` (its ``KERNEL_FEATURES``, space-separated,
     and torch's dispatch level); None for a technique they do not decide."""
     have = set((features or "").split())
-    if name == "bf16":
-        return _bf16(have)
-    if name == "fp16":
-        return _fp16(have)
+    if name in _CASTS:
+        native, otherwise = _CASTS[name]
+        return next((f"native: {words}" for flag, words in native if flag in have), otherwise)
     if name in INT8:
         return _int8(have)
     if name == "compile":
         level = capability or ("AVX-512" if "avx512f" in have else "AVX2" if "avx2" in have else "scalar")
         return f"Inductor's C++ kernels are vectorized for {level}; bf16 and int8 graphs lower to oneDNN"
     return None
-
-
-def _bf16(have: set[str]) -> str:
-    if "amx_bf16" in have:
-        return "native: AMX bf16 tiles (oneDNN matmuls and convolutions); pays most on the compile backend"
-    if "avx512_bf16" in have:
-        return "native: AVX-512 BF16 dot products (oneDNN); pays most on the compile backend"
-    if "bf16" in have:
-        return "native: Arm BF16 matrix multiply (oneDNN/ACL)"
-    return "not native (no AMX or AVX-512 BF16): converted around each op, often slower than float32"
-
-
-def _fp16(have: set[str]) -> str:
-    if "amx_fp16" in have:
-        return "native: AMX fp16 tiles (oneDNN)"
-    if "avx512_fp16" in have:
-        return "native: AVX-512 FP16 arithmetic (oneDNN)"
-    if "asimdhp" in have:
-        return "native: Arm half-precision SIMD"
-    return "not native (F16C converts, it does not compute): usually slower than float32"
 
 
 def _int8(have: set[str]) -> str:
