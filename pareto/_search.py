@@ -56,7 +56,7 @@ from pareto.frontier import (
 )
 from pareto.limits import Limits
 from pareto.metrics import Metrics
-from pareto.samplers import FLAT, make_sampler, space_size, suggest
+from pareto.samplers import FLAT, make_sampler, space_size, start_trial, suggest
 from pareto.samplers import grid as grid_of
 from pareto.search_result import SearchResult, TrialOutcome
 from pareto.spec import Range, SearchSpec, Space
@@ -284,6 +284,7 @@ def _time_baselines(setup: SearchSetup, run: RunHandle, study: optuna.Study, rep
     an existing baseline trial is timed again now and kept as this run's baseline measurement.
     """
     existing = enqueue_baselines(setup, study)
+    enqueue_start(setup, study)
     for batch_size, trial_id in existing.items():
         _retime_baseline(setup, run, trial_id, batch_size, reporter)
     queued = len(setup.batch_sizes) - len(existing)
@@ -310,6 +311,29 @@ def enqueue_baselines(setup: SearchSetup, study: optuna.Study) -> dict[int, int]
             params = {"batch_size": batch_size, **{name: False for name in setup.techniques}}
             study.enqueue_trial(params, user_attrs={"pareto_baseline": batch_size})
     return existing
+
+
+def enqueue_start(setup: SearchSetup, study: optuna.Study) -> int:
+    """Queue the spec's start points (``search.start_with``), after the baselines: each one not tried in
+    this environment and not queued already. Returns how many were queued."""
+    pending = {
+        t.user_attrs.get("pareto_start")
+        for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING))
+    }
+    queued = 0
+    for point in setup.spec.search.start_with:
+        start = start_trial(point, setup.batch_sizes, setup.techniques, setup.backends)
+        if start is None:
+            continue  # a technique or backend this search left out (the reason was said then)
+        config, params = start
+        key = config.key()
+        with session_scope(setup.bench.engine) as session:
+            tried = trials.configuration_tried(session, setup.study_id, setup.bench.env_id, key)
+        if not tried and key not in pending:
+            study.enqueue_trial(params, user_attrs={"pareto_start": key})
+            pending.add(key)
+            queued += 1
+    return queued
 
 
 def _baseline_here(setup: SearchSetup, batch_size: int) -> int | None:

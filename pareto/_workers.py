@@ -26,6 +26,7 @@ from pareto._search import (
     Reporter,
     confirm_search,
     enqueue_baselines,
+    enqueue_start,
     optuna_study,
     prepare,
     search_result,
@@ -73,7 +74,9 @@ def run_workers(spec: SearchSpec, *, db_url: str, workers: int, reporter: Report
     # the study is created (pareto's row in prepare, Optuna's in optuna_study), the task loaded (the demo
     # model trained on first use) and the baselines queued once, here, before any worker starts
     setup = prepare(spec, db_url, reporter)
-    enqueue_baselines(setup, optuna_study(setup, db_url))
+    study = optuna_study(setup, db_url)
+    enqueue_baselines(setup, study)
+    enqueue_start(setup, study)
     devices = worker_devices(spec.measure.device, workers)
     reporter.notice(
         f"{workers} workers on study {spec.study_name!r}: compression and accuracy in parallel, "

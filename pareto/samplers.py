@@ -30,7 +30,7 @@ from optuna.trial import FrozenTrial, TrialState
 from pareto.compress import Config, Technique, get_technique, registry
 from pareto.compress.base import conflict
 from pareto.naming import Backend, SamplerName
-from pareto.spec import Range, Search
+from pareto.spec import Range, Search, StartPoint
 
 SAMPLERS: tuple[str, ...] = get_args(SamplerName)
 #: Samplers that read the trials' constraints; the others propose without looking at results.
@@ -273,3 +273,23 @@ def _low_end(distribution: BaseDistribution) -> Any:
     if isinstance(distribution, optuna.distributions.CategoricalDistribution):
         return distribution.choices[0]
     return distribution.low  # type: ignore[attr-defined]
+
+
+def start_trial(
+    point: StartPoint, batch_sizes: Sequence[int], techniques: Techniques, backends: Sequence[Backend]
+) -> tuple[Config, dict[str, Any]] | None:
+    """A start point (``search.start_with``) as its configuration and the parameters ``suggest`` draws
+    for it (for ``optuna.Study.enqueue_trial``); None when one of its techniques or its backend was
+    left out of this search (cannot run here)."""
+    if point.backend not in backends or not set(point.techniques) <= set(techniques):
+        return None
+    batch_size = point.batch_size or batch_sizes[0]
+    params: dict[str, Any] = {"batch_size": batch_size}
+    if tuple(backends) != ("eager",):
+        params["backend"] = point.backend
+    for name in techniques:
+        on = name in point.techniques
+        params[name] = on
+        params.update({f"{name}.{pname}": value for pname, value in point.techniques.get(name, {}).items()})
+    chosen = tuple(get_technique(name, values) for name, values in point.techniques.items())
+    return Config(techniques=chosen, batch_size=batch_size, backend=point.backend), params

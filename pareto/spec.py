@@ -140,8 +140,61 @@ class Space(_Strict):
         return self
 
 
+def start_point_problem(point: StartPoint, space: Space) -> str | None:
+    """Why ``point`` is not one configuration of ``space`` (a technique or value outside it, a
+    parameter left unsaid, a backend it cannot run on), or None."""
+    from pareto.compress import Config, get_technique
+
+    backends = space.backend or ["eager"]
+    if point.backend not in backends:
+        return f"backend {point.backend!r} is not in the space's backends ({', '.join(backends)})"
+    if point.batch_size is not None and space.batch_size and point.batch_size not in space.batch_size:
+        return f"batch size {point.batch_size} is not in the space's batch sizes {space.batch_size}"
+    techniques = []
+    for name, params in point.techniques.items():
+        if name not in space.techniques:
+            return f"technique {name!r} is not in the space"
+        for pname, pspace in space.techniques[name].items():
+            if pname not in params:
+                return f"give {name}'s {pname!r} (every parameter of a start point is given)"
+            if not _within(params[pname], pspace):
+                return f"{name}'s {pname}={params[pname]!r} is outside the space ({_shown(pspace)})"
+        extra = set(params) - set(space.techniques[name])
+        if extra:
+            return f"{name}'s {', '.join(sorted(extra))} is not searched: the space fixes it"
+        try:
+            techniques.append(get_technique(name, params))
+        except UsageError as exc:
+            return str(exc).rstrip(".")
+    try:
+        Config(techniques=tuple(techniques), batch_size=point.batch_size or 1, backend=point.backend)
+    except ValidationError as exc:
+        return "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+    return None
+
+
+def _within(value: Any, pspace: ParamSpace) -> bool:
+    if isinstance(pspace, Range):
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and pspace.low <= value <= pspace.high
+    return value in pspace
+
+
+def _shown(pspace: ParamSpace) -> str:
+    return f"{pspace.low} to {pspace.high}" if isinstance(pspace, Range) else f"one of {pspace}"
+
+
 def _first(space: ParamSpace) -> Any:
     return space.low if isinstance(space, Range) else space[0]
+
+
+class StartPoint(_Strict):
+    """A configuration measured before the sampler proposes any (Optuna's ``enqueue_trial``): each
+    lever alone, say, so that the search's pick is compared with every one of them. Every parameter
+    of its techniques is given, within the space; ``batch_size`` unsaid: the space's first."""
+
+    backend: Backend = "eager"
+    batch_size: int | None = Field(default=None, ge=1)
+    techniques: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
 
 class Search(_Strict):
@@ -160,6 +213,9 @@ class Search(_Strict):
     confirm_top: int = Field(default=3, ge=0)
     #: "near-feasible": a P99 upper bound within this multiple of the SLO
     confirm_margin: float = Field(default=1.5, ge=1.0)
+    #: configurations measured first, in this order, before the sampler proposes (one each per
+    #: environment: one tried here already is not queued again)
+    start_with: list[StartPoint] = Field(default_factory=list)
 
 
 class Measure(_Strict):
@@ -252,6 +308,14 @@ class SearchSpec(_Strict):
             raise ValueError(f"objectives list one twice: {self.objectives}")
         if not self.objectives:
             raise ValueError("objectives: give at least one")
+        return self
+
+    @model_validator(mode="after")
+    def _start_points_in_space(self) -> SearchSpec:
+        for k, point in enumerate(self.search.start_with):
+            problem = start_point_problem(point, self.space)
+            if problem is not None:
+                raise ValueError(f"search.start_with[{k}]: {problem}")
         return self
 
     @property

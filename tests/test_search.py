@@ -457,3 +457,20 @@ def test_a_gpu_search_without_named_techniques_searches_the_gpus_levers() -> Non
     batch_only = SearchSpec.model_validate({"task": "demo", "space": {"batch_size": [64, 256]}})
     gpu = _space_for_device(batch_only, "cuda:0", Quiet()).space
     assert gpu.batch_size == [64, 256] and "cuda_graphs" in gpu.techniques
+
+
+def test_start_points_are_measured_first_and_once_per_environment(db_url: str) -> None:
+    first = [{"techniques": {"int8_dynamic": {}}}, {"techniques": {"prune_structured": {"ratio": 0.5}}}]
+    s = spec(search={"n_trials": 3, "seed": 1, "confirm_top": 0, "start_with": first})
+    run_search(s, db_url=db_url)
+    with session_scope(open_engine(db_url)) as session:
+        rows = {t.optuna_number: t for t in session.scalars(select(Trial))}
+        configs = {n: [(x["name"], x["params"]) for x in rows[n].config["techniques"]] for n in rows}
+    assert rows[0].is_baseline
+    assert configs[1] == [("int8_dynamic", {})] and configs[2] == [("prune_structured", {"ratio": 0.5})]
+    study = optuna.load_study(study_name="tiny", storage=db_url)
+    assert [bool(t.user_attrs.get("pareto_start")) for t in study.trials] == [False, True, True]
+    # the study continued: both were tried here, neither is queued again
+    run_search(s.model_copy(update={"search": s.search.model_copy(update={"n_trials": 1})}), db_url=db_url)
+    study = optuna.load_study(study_name="tiny", storage=db_url)
+    assert len(study.trials) >= 4 and not any(t.user_attrs.get("pareto_start") for t in study.trials[3:])

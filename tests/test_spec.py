@@ -34,6 +34,11 @@ def test_study_name_defaults_to_task() -> None:
     assert SearchSpec(study="x").study_name == "x"
 
 
+def _start(point: str) -> str:
+    space = "{batch_size: [1, 8], techniques: {int8_dynamic: {}, prune_structured: {ratio: {low: 0.2, high: 0.8}}}}"
+    return f"space: {space}\nsearch: {{start_with: [{point}]}}"
+
+
 @pytest.mark.parametrize(
     ("content", "phrase"),
     [
@@ -53,6 +58,13 @@ def test_study_name_defaults_to_task() -> None:
         ("slo: [1, 2]", "slo"),
         ("task: demo\n  nested: : :", "malformed YAML"),
         ("- a list", "must be a YAML mapping"),
+        # start points: one configuration of the space each
+        (_start("{backend: compile, techniques: {int8_dynamic: {}}}"), r"start_with\[0\]: backend 'compile'"),
+        (_start("{techniques: {lowrank: {rank_ratio: 0.2}}}"), "'lowrank' is not in the space"),
+        (_start("{techniques: {prune_structured: {}}}"), "give prune_structured's 'ratio'"),
+        (_start("{techniques: {prune_structured: {ratio: 0.95}}}"), "outside the space"),
+        (_start("{techniques: {int8_dynamic: {kernels: torchao}}}"), "is not searched"),
+        (_start("{batch_size: 3, techniques: {}}"), "batch size 3 is not in"),
     ],
 )
 def test_bad_specs_are_one_sentence(tmp_path: Path, content: str, phrase: str) -> None:
@@ -112,3 +124,22 @@ def test_the_default_cuda_space_is_a_valid_space_without_conflicting_defaults() 
 
     space = Space.model_validate(DEFAULT_CUDA_SPACE)
     assert {"cuda_graphs", "bf16", "fp8", "int4_weight_only", "prune_2_4"} <= set(space.techniques)
+
+
+def test_a_start_point_in_the_space_is_kept_as_written() -> None:
+    spec = SearchSpec.model_validate(
+        {
+            "space": {"backend": ["eager", "compile"], "techniques": {"int8_dynamic": {}, "bf16": {}}},
+            "search": {"start_with": [{"backend": "compile", "techniques": {"bf16": {}}}]},
+        }
+    )
+    [point] = spec.search.start_with
+    assert point.backend == "compile" and point.techniques == {"bf16": {}} and point.batch_size is None
+    # two casts in one configuration: the configuration's own rule, said for the start point
+    with pytest.raises(ValueError, match="cannot share a configuration"):
+        SearchSpec.model_validate(
+            {
+                "space": {"techniques": {"bf16": {}, "fp16": {}}},
+                "search": {"start_with": [{"techniques": {"bf16": {}, "fp16": {}}}]},
+            }
+        )

@@ -83,6 +83,21 @@ def configurations_tried(session: Session, study_id: int, env_id: int) -> int:
     return int(count or 0)
 
 
+def configuration_tried(session: Session, study_id: int, env_id: int, key: str) -> bool:
+    """Whether this configuration of the study was measured, rejected early or failed in this environment."""
+    found = session.scalar(
+        select(Trial.id)
+        .where(
+            Trial.study_id == study_id,
+            Trial.config_key == key,
+            Trial.environment_id == env_id,
+            Trial.state.in_(VERDICT_STATES),
+        )
+        .limit(1)
+    )
+    return found is not None
+
+
 def running_twin(session: Session, study_id: int, env_id: int, key: str, before_id: int) -> int | None:
     """A trial of the same configuration in this environment, started earlier and still running."""
     return session.scalar(
