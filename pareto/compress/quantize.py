@@ -527,6 +527,9 @@ class _HalfCast(Technique):
     """Shared body of ``fp16`` and ``bf16``."""
 
     dtype: ClassVar[torch.dtype]
+    #: a half-precision PyTorch model is not exported to ONNX (the exporter fails on the cast wrapper, and
+    #: ONNX Runtime's CPU provider has few half kernels): eager or compiled only
+    backends: ClassVar[tuple[Backend, ...]] = ("eager", "compile")
 
     def available(self, device: str, task: Task | None = None) -> str | None:
         if task is not None and not any(p.is_floating_point() for p in task.model.parameters()):
