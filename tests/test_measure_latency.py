@@ -222,6 +222,26 @@ def test_the_real_probe_times_its_workload_against_a_quiet_reference() -> None:
         ContentionProbe("cpu", threads=1, limit=1.0)
 
 
+def test_the_probe_reads_at_its_own_thread_count_whatever_the_process_runs_at(monkeypatch: pytest.MonkeyPatch) -> None:
+    probe = ContentionProbe("cpu", threads=1)
+    seen: list[int] = []
+    matmul = torch.Tensor.__matmul__
+
+    def counted(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        seen.append(torch.get_num_threads())
+        return matmul(a, b)
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)  # between trials the process may run at another count than the rounds
+    try:
+        monkeypatch.setattr(torch.Tensor, "__matmul__", counted)
+        probe.read_after_work()
+        assert seen and set(seen) == {1}
+        assert torch.get_num_threads() == 2  # given back afterwards
+    finally:
+        torch.set_num_threads(previous)
+
+
 def test_adaptive_stops_at_once_on_a_clearly_met_slo() -> None:
     result = measure_latency(_mlp(8), torch.randn(1, 8), device="cpu", samples=662, warmup=5, threads=1,
                              slo_ms=1000.0, max_rounds=200)  # fmt: skip

@@ -10,9 +10,10 @@ after an idle pause is favoured by the scheduler and would look faster than it i
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -77,13 +78,8 @@ class ContentionProbe:
         self._launches = _CUDA_LAUNCHES if on_cuda else 0
         self._tiny = torch.zeros(1, device=device)
         self._sync: Callable[[], None] = (lambda: torch.cuda.synchronize(device)) if on_cuda else (lambda: None)
-        previous = torch.get_num_threads()
-        if threads is not None:
-            torch.set_num_threads(threads)
-        try:
-            self.run_reference_ms = self._reference()
-        finally:
-            torch.set_num_threads(previous)
+        self.threads = threads
+        self.run_reference_ms = self._reference()
         self.quiet_ms = min(self.run_reference_ms, stored_quiet_ms or self.run_reference_ms)
         launches = f" + {self._launches} one-element kernel launches (host-bound), synchronized" if on_cuda else ""
         self._workload = f"{n}x{n} fp32 matmul + {nbytes // 2**20} MiB copy{launches}, median of {_REPEATS}"
@@ -99,7 +95,7 @@ class ContentionProbe:
     def time_ms(self) -> float:
         """The probe's time now: the median of a few runs, in milliseconds."""
         runs = []
-        with torch.inference_mode():
+        with torch.inference_mode(), _threads(self.threads):
             for _ in range(_REPEATS):
                 self._sync()
                 start = time.perf_counter_ns()
@@ -140,7 +136,7 @@ class ContentionProbe:
         return False
 
     def _work(self) -> None:
-        with torch.inference_mode():
+        with torch.inference_mode(), _threads(self.threads):
             until = time.perf_counter() + _REFERENCE_WORK_S
             while time.perf_counter() < until:
                 self._a @ self._b
@@ -155,3 +151,18 @@ class ContentionProbe:
             self._work()
             readings.append(self.time_ms())
         return statistics.median(readings)
+
+
+@contextlib.contextmanager
+def _threads(threads: int | None) -> Iterator[None]:
+    """Every probe reading at the thread count its quiet time was taken at (between trials, outside the
+    timed rounds, the process may run at another)."""
+    previous = torch.get_num_threads()
+    if threads is None or threads == previous:
+        yield
+        return
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
