@@ -30,6 +30,7 @@ import pareto
 from pareto.api import parse_technique_option
 from pareto.assess import build_served
 from pareto.compress import Backend, Config, Served, backend_reason
+from pareto.errors import NoFeasibleConfiguration
 from pareto.measure.latency import RoundPlan, Timed, measure_interleaved
 from pareto.measure.memory import theoretical_bytes
 from pareto.task import Task, load_task
@@ -212,7 +213,11 @@ def _configs(name: str, batch_size: int, args: argparse.Namespace) -> list[Confi
     configs = [_config(options, batch_size) for options in chosen_rows]
     tasks_of = {s["study"]: s["task"] for s in pareto.studies(db=args.db)} if args.study else {}
     if args.study and tasks_of.get(args.study) == name:  # the pick joins its own task's table only
-        pick = pareto.best(study=args.study, db=args.db)
+        try:
+            pick = pareto.best(study=args.study, db=args.db)
+        except NoFeasibleConfiguration as exc:  # the table is still worth having: said, not raised
+            print(f"no pick of study {args.study!r} to add: {exc}")
+            return configs
         chosen = Config.from_dict(pick["config"])
         print(f"pick of study {args.study!r}: trial {pick['trial']}, {chosen.describe()}")
         if chosen not in configs:  # a row already: timed once
