@@ -190,7 +190,7 @@ def build(bench: Bench, config: Config) -> Built:
     """
     from pareto.assess import build_served
 
-    served, compress_s = build_served(bench.task, config, bench.device)
+    served, compress_s = build_served(bench.task, config, bench.device, bench.threads)
     return Built(config, served, compress_s)
 
 

@@ -113,11 +113,12 @@ def build(task: Task, config: Config, device: str) -> tuple[nn.Module, float, fl
     return served.module, compress_s, served.compile_s
 
 
-def build_served(task: Task, config: Config, device: str) -> tuple[Served, float]:
-    """``config`` applied to a copy of the task's model on ``device``, and the seconds spent compressing:
-    the seconds spent building its serving form (``Served.compile_s``: compile, capture, export) left out."""
+def build_served(task: Task, config: Config, device: str, threads: int | None = None) -> tuple[Served, float]:
+    """``config`` applied to a copy of the task's model on ``device``, its serving form built at the
+    ``threads`` it is timed at, and the seconds spent compressing: the seconds spent building its
+    serving form (``Served.compile_s``: compile, capture, export) left out."""
     t0 = time.perf_counter()
-    served = apply(task.model, config, task, device=device)
+    served = apply(task.model, config, task, device=device, threads=threads)
     return served, time.perf_counter() - t0 - (served.compile_s or 0.0)
 
 
@@ -230,7 +231,7 @@ def assess(
     from pareto.measure.latency import measure_latency
 
     with device_memory(config, device):
-        served, compress_s = build_served(task, config, device)
+        served, compress_s = build_served(task, config, device, threads)
     compile_s = served.compile_s
     t1 = time.perf_counter()
     plan = dataclasses.replace(round_plan(measure, slo_ms), reject_above_ms=reject_above_ms)

@@ -13,6 +13,7 @@ to catch a tensor left behind on a machine without a GPU.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import re
@@ -189,3 +190,18 @@ def on_device(task: Task, device: str) -> DeviceTask:
         train_data=train_data,
     )
     return DeviceTask(**fields, device=device)
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """``torch.set_num_threads(threads)`` inside the block, the previous count restored after; None
+    (or the count already set) changes nothing."""
+    previous = torch.get_num_threads()
+    if threads is None or threads == previous:
+        yield
+        return
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)

@@ -40,3 +40,27 @@ def test_compile_compiles_on_the_example_input_and_records_the_time() -> None:
     x = torch.randn(3, 8)
     with torch.inference_mode():
         torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_the_serving_form_is_built_at_the_thread_count_it_is_timed_at(monkeypatch: pytest.MonkeyPatch) -> None:
+    import pareto.compress.pipeline as pipeline
+
+    model = nn.Sequential(nn.Linear(8, 4)).eval()
+    task = Task(name="tiny", model=model, example_input=lambda n: torch.randn(n, 8), evaluate=lambda m: 0.0)
+    built_at: list[int] = []
+    serve = pipeline._serve
+
+    def counted(*args: object) -> object:
+        built_at.append(torch.get_num_threads())
+        return serve(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(pipeline, "_serve", counted)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)  # the process's count while trials are built
+    try:
+        apply(model, Config(batch_size=1), task, threads=1)
+        apply(model, Config(batch_size=1), task)
+        # Inductor's code and oneDNN's packed weights are made for the count they were built at
+        assert built_at == [1, 2] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(previous)

@@ -89,7 +89,9 @@ class Config(BaseModel):
         return describe_config(self.to_dict())
 
 
-def apply(model: nn.Module, config: Config, task: Task, *, device: str | None = None) -> Served:
+def apply(
+    model: nn.Module, config: Config, task: Task, *, device: str | None = None, threads: int | None = None
+) -> Served:
     """Return a compressed copy of ``model``, served as ``config`` says, with what is known about serving it.
 
     The original is never modified. This is where a model moves: the copy is put on ``device`` before the
@@ -106,6 +108,10 @@ def apply(model: nn.Module, config: Config, task: Task, *, device: str | None = 
         config: The techniques, applied in canonical order, and the batch size.
         task: The task the model belongs to (``train_data`` for distillation and fine-tuning).
         device: Where to build and serve the copy ("cpu", "cuda:0"); None leaves it where ``model`` is.
+        threads: The intra-op thread count the served model will be timed at: its serving form (compiled,
+            exported) is built at it, since Inductor's CPU code and oneDNN's prepacked weights are made
+            for the count they were built at (PT2E int8 on MiniLM built at 2 threads ran 3.5x slower at 1).
+            None: the current count.
 
     Returns:
         The record: ``module`` is what serves the configuration, ``eager`` the model before
@@ -114,7 +120,7 @@ def apply(model: nn.Module, config: Config, task: Task, *, device: str | None = 
     Raises:
         TechniqueError: a technique broke on this model, or the backend cannot serve it (the reason is kept).
     """
-    from pareto.devices import model_device, on_device
+    from pareto.devices import model_device, on_device, torch_threads
 
     where = device if device is not None else str(model_device(model))
     compressed = copy.deepcopy(model).eval().to(where)
@@ -126,13 +132,14 @@ def apply(model: nn.Module, config: Config, task: Task, *, device: str | None = 
         compressed, notes = step.module, [*notes, *step.notes]
         _route_around_fused_encoder_kernel(compressed)  # before the next technique (compile) sees it
     served = dataclasses.replace(_declared(compressed, config.techniques), notes=tuple(notes))
-    for technique in (t for t in on_module if t.family == "compile"):  # torch.compile, CUDA graphs
-        served = served.then(_apply_one(technique, served.module, view))
-        _route_around_fused_encoder_kernel(served.module)
-    served = served.then(_serve(served, config, view))
-    for technique in config.techniques:
-        if technique.on_graph:
+    with torch_threads(threads):
+        for technique in (t for t in on_module if t.family == "compile"):  # torch.compile, CUDA graphs
             served = served.then(_apply_one(technique, served.module, view))
+            _route_around_fused_encoder_kernel(served.module)
+        served = served.then(_serve(served, config, view))
+        for technique in config.techniques:
+            if technique.on_graph:
+                served = served.then(_apply_one(technique, served.module, view))
     served.module.eval()
     return served
 

@@ -10,14 +10,14 @@ after an idle pause is favoured by the scheduler and would look faster than it i
 
 from __future__ import annotations
 
-import contextlib
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from pareto.devices import torch_threads
 from pareto.slo import DEFAULT_CONTENTION_LIMIT
 
 _CPU_MATMUL_N, _CUDA_MATMUL_N = 384, 2048
@@ -95,7 +95,7 @@ class ContentionProbe:
     def time_ms(self) -> float:
         """The probe's time now: the median of a few runs, in milliseconds."""
         runs = []
-        with torch.inference_mode(), _threads(self.threads):
+        with torch.inference_mode(), torch_threads(self.threads):
             for _ in range(_REPEATS):
                 self._sync()
                 start = time.perf_counter_ns()
@@ -136,7 +136,7 @@ class ContentionProbe:
         return False
 
     def _work(self) -> None:
-        with torch.inference_mode(), _threads(self.threads):
+        with torch.inference_mode(), torch_threads(self.threads):
             until = time.perf_counter() + _REFERENCE_WORK_S
             while time.perf_counter() < until:
                 self._a @ self._b
@@ -151,18 +151,3 @@ class ContentionProbe:
             self._work()
             readings.append(self.time_ms())
         return statistics.median(readings)
-
-
-@contextlib.contextmanager
-def _threads(threads: int | None) -> Iterator[None]:
-    """Every probe reading at the thread count its quiet time was taken at (between trials, outside the
-    timed rounds, the process may run at another)."""
-    previous = torch.get_num_threads()
-    if threads is None or threads == previous:
-        yield
-        return
-    torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
