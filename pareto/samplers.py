@@ -279,11 +279,11 @@ def start_trial(
     point: StartPoint, batch_sizes: Sequence[int], techniques: Techniques, backends: Sequence[Backend]
 ) -> tuple[Config, dict[str, Any]] | None:
     """A start point (``search.start_with``) as its configuration and the parameters ``suggest`` draws
-    for it (for ``optuna.Study.enqueue_trial``); None when one of its techniques or its backend was
-    left out of this search (cannot run here)."""
-    if point.backend not in backends or not set(point.techniques) <= set(techniques):
-        return None
+    for it (for ``optuna.Study.enqueue_trial``); None when one of its techniques, its backend or its
+    batch size is not in this search (cannot run here, or narrowed on the command line)."""
     batch_size = point.batch_size or batch_sizes[0]
+    if point.backend not in backends or not set(point.techniques) <= set(techniques) or batch_size not in batch_sizes:
+        return None
     params: dict[str, Any] = {"batch_size": batch_size}
     if tuple(backends) != ("eager",):
         params["backend"] = point.backend

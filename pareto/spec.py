@@ -144,10 +144,10 @@ def start_point_problem(point: StartPoint, space: Space) -> str | None:
     """Why ``point`` is not one configuration of ``space`` (a technique or value outside it, a
     parameter left unsaid, a backend it cannot run on), or None."""
     from pareto.compress import Config, get_technique
+    from pareto.compress.base import registry
 
-    backends = space.backend or ["eager"]
-    if point.backend not in backends:
-        return f"backend {point.backend!r} is not in the space's backends ({', '.join(backends)})"
+    # a backend the space (or the command line: --backend) leaves out is not an error: the point is
+    # skipped at the search's start, as one whose technique cannot run there
     if point.batch_size is not None and space.batch_size and point.batch_size not in space.batch_size:
         return f"batch size {point.batch_size} is not in the space's batch sizes {space.batch_size}"
     techniques = []
@@ -160,6 +160,9 @@ def start_point_problem(point: StartPoint, space: Space) -> str | None:
             if not _within(params[pname], pspace):
                 return f"{name}'s {pname}={params[pname]!r} is outside the space ({_shown(pspace)})"
         extra = set(params) - set(space.techniques[name])
+        unknown = sorted(extra - set(registry()[name].model_fields))
+        if unknown:
+            return f"technique {name!r} has no parameter {unknown[0]!r}"
         if extra:
             return f"{name}'s {', '.join(sorted(extra))} is not searched: the space fixes it"
         try:
@@ -174,13 +177,18 @@ def start_point_problem(point: StartPoint, space: Space) -> str | None:
 
 
 def _within(value: Any, pspace: ParamSpace) -> bool:
-    if isinstance(pspace, Range):
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and pspace.low <= value <= pspace.high
-    return value in pspace
+    if not isinstance(pspace, Range):
+        return value in pspace
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not pspace.low <= value <= pspace.high:
+        return False
+    steps = (value - pspace.low) / pspace.step if pspace.step else 0.0
+    return abs(steps - round(steps)) < 1e-9  # on the range's steps, where it has them
 
 
 def _shown(pspace: ParamSpace) -> str:
-    return f"{pspace.low} to {pspace.high}" if isinstance(pspace, Range) else f"one of {pspace}"
+    if not isinstance(pspace, Range):
+        return f"one of {pspace}"
+    return f"{pspace.low} to {pspace.high}" + (f" in steps of {pspace.step}" if pspace.step else "")
 
 
 def _first(space: ParamSpace) -> Any:

@@ -104,3 +104,18 @@ def test_a_drawn_backend_gets_only_the_techniques_that_run_on_it(flat: bool) -> 
         seen.add(config.backend)
         study.tell(trial, 0.0)
     assert seen == {"eager", "onnxruntime"}
+
+
+def test_a_start_point_outside_this_search_is_left_out_and_one_inside_is_one_configuration() -> None:
+    from pareto.samplers import start_trial
+    from pareto.spec import StartPoint
+
+    techniques = {"int8_dynamic": {}, "prune_structured": {"ratio": [0.25, 0.5]}}
+    point = StartPoint(techniques={"prune_structured": {"ratio": 0.5}})
+    config, params = start_trial(point, [8], techniques, ("eager",))  # type: ignore[misc]
+    assert config.batch_size == 8 and [t.name for t in config.techniques] == ["prune_structured"]
+    assert params == {"batch_size": 8, "int8_dynamic": False, "prune_structured": True, "prune_structured.ratio": 0.5}
+    # the task's batch size is 8 here, the point asks 32; a backend or technique this search left out
+    assert start_trial(point.model_copy(update={"batch_size": 32}), [8], techniques, ("eager",)) is None
+    assert start_trial(point.model_copy(update={"backend": "compile"}), [8], techniques, ("eager",)) is None
+    assert start_trial(StartPoint(techniques={"lowrank": {}}), [8], techniques, ("eager",)) is None

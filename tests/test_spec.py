@@ -59,12 +59,18 @@ def _start(point: str) -> str:
         ("task: demo\n  nested: : :", "malformed YAML"),
         ("- a list", "must be a YAML mapping"),
         # start points: one configuration of the space each
-        (_start("{backend: compile, techniques: {int8_dynamic: {}}}"), r"start_with\[0\]: backend 'compile'"),
+        (_start("{backend: onnxruntime, techniques: {int8_dynamic: {}}}"), r"start_with\[0\]: int8_dynamic runs on"),
+        (_start("{techniques: {prune_structured: {ratio: 0.5, amout: 1}}}"), "has no parameter 'amout'"),
         (_start("{techniques: {lowrank: {rank_ratio: 0.2}}}"), "'lowrank' is not in the space"),
         (_start("{techniques: {prune_structured: {}}}"), "give prune_structured's 'ratio'"),
         (_start("{techniques: {prune_structured: {ratio: 0.95}}}"), "outside the space"),
         (_start("{techniques: {int8_dynamic: {kernels: torchao}}}"), "is not searched"),
         (_start("{batch_size: 3, techniques: {}}"), "batch size 3 is not in"),
+        (
+            "space: {techniques: {lowrank: {rank_ratio: {low: 0.1, high: 0.5, step: 0.1}}}}\n"
+            "search: {start_with: [{techniques: {lowrank: {rank_ratio: 0.25}}}]}",
+            "in steps of 0.1",
+        ),
     ],
 )
 def test_bad_specs_are_one_sentence(tmp_path: Path, content: str, phrase: str) -> None:
