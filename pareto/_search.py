@@ -284,14 +284,19 @@ def _time_baselines(setup: SearchSetup, run: RunHandle, study: optuna.Study, rep
     an existing baseline trial is timed again now and kept as this run's baseline measurement.
     """
     existing = enqueue_baselines(setup, study)
-    enqueue_start(setup, study)
+    started = enqueue_start(setup, study)
     for batch_size, trial_id in existing.items():
         _retime_baseline(setup, run, trial_id, batch_size, reporter)
-    queued = len(setup.batch_sizes) - len(existing)
-    if queued >= setup.spec.search.n_trials:
+    queued, n_trials = len(setup.batch_sizes) - len(existing), setup.spec.search.n_trials
+    if queued >= n_trials:
         reporter.notice(
             f"The first {queued} trials measure the uncompressed model at each batch size; "
-            f"with --n-trials {setup.spec.search.n_trials} no compression is tried in this run."
+            f"with --n-trials {n_trials} no compression is tried in this run."
+        )
+    elif started and queued + started >= n_trials:
+        reporter.notice(
+            f"The first {queued + started} trials are the baselines and the start points (search.start_with); "
+            f"with --n-trials {n_trials} the sampler proposes nothing in this run."
         )
 
 

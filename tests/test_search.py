@@ -462,7 +462,15 @@ def test_a_gpu_search_without_named_techniques_searches_the_gpus_levers() -> Non
 def test_start_points_are_measured_first_and_once_per_environment(db_url: str) -> None:
     first = [{"techniques": {"int8_dynamic": {}}}, {"techniques": {"prune_structured": {"ratio": 0.5}}}]
     s = spec(search={"n_trials": 3, "seed": 1, "confirm_top": 0, "start_with": first})
-    run_search(s, db_url=db_url)
+    notices: list[str] = []
+
+    class Reporter(search_module.Quiet):
+        def notice(self, message: str) -> None:
+            notices.append(message)
+
+    run_search(s, db_url=db_url, reporter=Reporter())
+    # the baseline and the two start points are the whole budget: said before the trials
+    assert any("the sampler proposes nothing in this run" in n for n in notices), notices
     with session_scope(open_engine(db_url)) as session:
         rows = {t.optuna_number: t for t in session.scalars(select(Trial))}
         configs = {n: [(x["name"], x["params"]) for x in rows[n].config["techniques"]] for n in rows}

@@ -184,11 +184,10 @@ def size_batch(
     terms): batches double from 1 until a call takes longer than the target or ``max_batch`` is reached."""
     import math
 
-    previous = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    try:
-        best, best_gap, batch = 1, math.inf, 1
+    from pareto.devices import torch_threads
+
+    best, best_gap, batch = 1, math.inf, 1
+    with torch_threads(threads):
         while batch <= max_batch:
             ms = _median_ms(model, make_input(batch), device)
             gap = abs(math.log(ms / target_ms))
@@ -197,9 +196,7 @@ def size_batch(
             if ms >= target_ms:
                 break
             batch *= 2
-        return best
-    finally:
-        torch.set_num_threads(previous)
+    return best
 
 
 def _median_ms(model: nn.Module, x: Any, device: str) -> float:
