@@ -104,6 +104,7 @@ def round_plan(measure: Measure, slo_ms: float | None, *, adaptive: bool | None 
         confidence=measure.confidence,
         slo_ms=slo_ms if use else None,
         budget_s=measure.adaptive_budget / 1000 if use and measure.adaptive_budget else None,
+        max_discards=measure.max_discards,
     )
 
 

@@ -89,7 +89,7 @@ class Range(_Strict):
         return self
 
 
-ParamSpace = Range | list[float | int | str | bool]
+ParamSpace = Range | list[float | int | str | bool | None]  # null: a parameter's "off" (prune_structured's width_ratio)
 
 
 class Space(_Strict):
@@ -238,6 +238,10 @@ class Measure(_Strict):
     confidence: float = Field(default=DEFAULT_CONFIDENCE, ge=MIN_CONFIDENCE, lt=1)
     #: a round whose probe is slower than this multiple of the quiet time is discarded; None: no guard
     contention_limit: float | None = Field(default=DEFAULT_CONTENTION_LIMIT, gt=1)
+    #: rounds a model may lose to the guard before it is given up as "machine busy"; None: as many as
+    #: its rounds. A nightly job can wait out an intermittent load: the reference it times in the same
+    #: rounds takes the load's drift out of what it keeps
+    max_discards: int | None = Field(default=None, ge=0)
     #: keep timing past ``samples`` until the P99 verdict is decided or this budget per trial ends
     adaptive_budget: DurationMs | None = Field(default=None, description="e.g. '20s'; None: fixed samples.")
     #: roofline: a profile name from configs/hardware, "host" (the latest `pareto calibrate`), or None

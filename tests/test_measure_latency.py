@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
 from dataclasses import dataclass
@@ -208,6 +209,23 @@ def test_a_machine_that_stays_busy_gives_no_verdict() -> None:
     assert result.busy
     assert result.discarded_rounds == 5  # the limit (as many as the rounds) plus the one that tipped it
     assert result.stop_reason is not None and result.stop_reason.startswith("machine busy: 5 rounds discarded")
+
+
+def test_a_spec_that_allows_more_discards_waits_out_a_load_the_default_gives_up_on() -> None:
+    """``measure.max_discards`` (the nightly config's 4x the rounds) reaches the plan the guard reads."""
+    from pareto.assess import round_plan
+    from pareto.measure.latency import measure_interleaved
+    from pareto.spec import Measure
+
+    load = [1.0] + [2.0, 1.0, 1.0] * 20  # every third read slow: its block and the next are discarded
+    for spec, busy in ((Measure(samples=40, rounds=4), True), (Measure(samples=40, rounds=4, max_discards=16), False)):
+        plan = dataclasses.replace(round_plan(spec, None), warmup=1)
+        assert plan.max_discards == spec.max_discards
+        [result] = measure_interleaved(
+            [Timed(_mlp(8), torch.randn(1, 8))], device="cpu", plan=plan, threads=1, probe=_ScriptedProbe(list(load))
+        )  # type: ignore[arg-type]
+        assert result.busy is busy
+        assert busy or (result.summary.rounds == 4 and result.discarded_rounds > 4)
 
 
 def test_the_real_probe_times_its_workload_against_a_quiet_reference() -> None:

@@ -119,3 +119,26 @@ def test_a_start_point_outside_this_search_is_left_out_and_one_inside_is_one_con
     assert start_trial(point.model_copy(update={"batch_size": 32}), [8], techniques, ("eager",)) is None
     assert start_trial(point.model_copy(update={"backend": "compile"}), [8], techniques, ("eager",)) is None
     assert start_trial(StartPoint(techniques={"lowrank": {}}), [8], techniques, ("eager",)) is None
+
+
+def test_a_null_choice_is_drawn_as_the_parameter_left_at_its_default() -> None:
+    """``width_ratio: [null, 0.25]``: null prunes the feed-forward width alone, 0.25 the residual stream too."""
+    from pareto.spec import Space
+
+    space = Space.model_validate(
+        {"techniques": {"prune_structured": {"ratio": [0.5], "width_ratio": [None, 0.25]}}}
+    ).techniques
+    points = grid([32], space)
+    assert {p.get("prune_structured.width_ratio") for p in points if p["prune_structured"]} == {None, 0.25}
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    study = optuna.create_study()
+    drawn = []
+    for point in points[1:]:  # each "on" point, queued as the grid sampler queues it
+        study.enqueue_trial(point)
+        trial = study.ask()
+        drawn.append(suggest(trial, [32], space))
+        study.tell(trial, 0.0)
+    assert {c.describe() for c in drawn} == {
+        "prune_structured(ratio=0.5) @ batch 32",
+        "prune_structured(ratio=0.5,width_ratio=0.25) @ batch 32",
+    }

@@ -149,3 +149,24 @@ def test_a_start_point_in_the_space_is_kept_as_written() -> None:
                 "search": {"start_with": [{"techniques": {"bf16": {}, "fp16": {}}}]},
             }
         )
+
+
+def test_a_null_choice_is_a_choice_a_start_point_may_name() -> None:
+    spec = SearchSpec.model_validate(
+        {
+            "space": {
+                "techniques": {"prune_structured": {"ratio": {"low": 0.2, "high": 0.8}, "width_ratio": [None, 0.25]}}
+            },
+            "search": {"start_with": [{"techniques": {"prune_structured": {"ratio": 0.5, "width_ratio": None}}}]},
+        }
+    )
+    assert spec.search.start_with[0].techniques["prune_structured"]["width_ratio"] is None
+    with pytest.raises(ValueError, match=r"width_ratio=0\.5 is outside the space"):
+        SearchSpec.model_validate(
+            {
+                "space": {"techniques": {"prune_structured": {"ratio": [0.5], "width_ratio": [None, 0.25]}}},
+                "search": {"start_with": [{"techniques": {"prune_structured": {"ratio": 0.5, "width_ratio": 0.5}}}]},
+            }
+        )
+    with pytest.raises(ValueError, match="ratio"):  # a null where the technique needs a value is refused
+        SearchSpec.model_validate({"space": {"techniques": {"prune_structured": {"ratio": [None, 0.5]}}}})
