@@ -92,7 +92,13 @@ def compare(
     threshold: float = DEFAULT_THRESHOLD,
     p_value: float = DEFAULT_P_VALUE,
 ) -> Comparison:
-    """Compare two stored measurements (``Metrics`` dictionaries) of one configuration."""
+    """Compare two stored measurements (``Metrics`` dictionaries) of one configuration, without a history.
+
+    Slower: the P99 beyond ``threshold`` times and the round medians significantly higher. A P99 SLO
+    lost is a regression when the round medians moved up with it; lost with them where they were
+    (a one-sided Mann-Whitney U test does not find them higher), it is no verdict (``inconclusive``),
+    as on the drift-corrected rule: on a shared machine a tail alone moves from night to night.
+    """
     from scipy.stats import mannwhitneyu
 
     ratio = after["latency_p99_ms"] / before["latency_p99_ms"]
@@ -110,6 +116,13 @@ def compare(
     verdict_after = p99_verdict(after, slo_ms) if slo_ms is not None else None
     lost_slo = verdict_before == "met" and verdict_after != "met"
     reasons = [_lost_slo_reason(after, slo_ms, verdict_after)] if lost_slo else []
+    inconclusive = None
+    if lost_slo and test == "mann-whitney" and not significant:  # the tail moved, the round medians did not
+        inconclusive = (
+            f"{reasons[0]}, with its round medians not slower (Mann-Whitney p = {p:.2g}): the machine's tail "
+            "or the model's, one night cannot tell; no verdict tonight"
+        )
+        reasons = [inconclusive]
     if slower:
         how = f"p = {p:.2g}" if p is not None else "the P99 intervals do not overlap"
         reasons.append(
@@ -125,8 +138,9 @@ def compare(
         verdict_before=verdict_before,
         verdict_after=verdict_after,
         lost_slo=lost_slo,
-        regression=lost_slo or slower,
+        regression=slower or (lost_slo and inconclusive is None),
         reason="; ".join(reasons) or "no change beyond noise",
+        inconclusive=inconclusive,
     )
 
 

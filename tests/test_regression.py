@@ -38,11 +38,17 @@ def test_same_distribution_is_no_regression_and_a_shift_is() -> None:
     assert slight.p_value < 0.002 and not slight.regression
 
 
-def test_losing_the_slo_on_the_upper_bound_is_a_regression() -> None:
-    rounds = [1.0] * 10
-    lost = compare(3, "x", _metrics(rounds, 6.0, 5.0, 6.8), _metrics(rounds, 6.1, 5.1, 7.3), slo_ms=7.0)
-    assert lost.lost_slo and lost.regression and not lost.slower
+def test_losing_the_slo_is_a_regression_when_the_round_medians_moved_with_it() -> None:
+    rng = np.random.default_rng(1)
+    rounds = [float(x) for x in rng.lognormal(0, 0.02, 20)]
+    before = _metrics(rounds, 6.0, 5.0, 6.8)
+    lost = compare(3, "x", before, _metrics([1.2 * m for m in rounds], 6.6, 6.1, 7.3), slo_ms=7.0)
+    assert lost.lost_slo and lost.regression and not lost.slower and lost.inconclusive is None
     assert "no longer meets the P99 SLO of 7 ms" in lost.reason
+    # the same bound lost with the medians where they were: the tail alone, no verdict
+    tail = compare(3, "x", before, _metrics(list(reversed(rounds)), 6.1, 5.1, 7.3), slo_ms=7.0)
+    assert tail.lost_slo and not tail.regression and tail.inconclusive is not None
+    assert "round medians not slower" in tail.reason and "no verdict tonight" in tail.reason
 
 
 def test_few_rounds_fall_back_to_order_statistic_intervals() -> None:
