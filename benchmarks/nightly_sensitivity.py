@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -223,6 +224,8 @@ def main() -> None:
     parser.add_argument("--folder", help="keep the databases here [default: a temporary folder]")
     parser.add_argument("--out", default="nightly_sensitivity.jsonl")
     args = parser.parse_args()
+    # a stopped run (kill, Ctrl-C) ends its night's load process too: SIGTERM unwinds like Ctrl-C
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     slowed = [(float(f), int(n)) for f, n in (part.split(":") for part in args.slowed.split(",") if part)]
     folder = Path(args.folder or tempfile.mkdtemp(prefix="pareto-sensitivity-"))
     folder.mkdir(parents=True, exist_ok=True)
