@@ -214,10 +214,10 @@ def _allow_recompiles() -> None:
     limit of 8 it would run a row's later calls eagerly, silently. Raised, and made an error."""
     import torch._dynamo.config as dynamo_config
 
-    limit = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"  # torch < 2.6
-    setattr(dynamo_config, limit, 256)
-    if hasattr(dynamo_config, "fail_on_recompile_limit_hit"):
-        dynamo_config.fail_on_recompile_limit_hit = True
+    from pareto.compress.compile import recompile_settings
+
+    for name, value in recompile_settings(256).items():
+        setattr(dynamo_config, name, value)
 
 
 def _configs(name: str, batch_size: int, args: argparse.Namespace) -> list[Config]:

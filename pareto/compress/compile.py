@@ -194,19 +194,27 @@ class FrozenCompiled(_Compiled):
         import torch._dynamo.config as dynamo_config
         import torch._inductor.config as inductor_config
 
-        limit = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"  # torch < 2.6
-        settings: dict[str, Any] = {limit: FROZEN_RECOMPILE_LIMIT}
-        if hasattr(dynamo_config, "fail_on_recompile_limit_hit"):  # else Dynamo would run the float graph, silently
-            settings["fail_on_recompile_limit_hit"] = True
         with (
             inductor_config.patch(freezing=True),
-            dynamo_config.patch(settings),
+            dynamo_config.patch(recompile_settings(FROZEN_RECOMPILE_LIMIT)),
             warnings.catch_warnings(),
         ):
             warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\._inductor")  # its own advice
             output = self._compiled(*args)
         self._signatures.add(signature)
         return output
+
+
+def recompile_settings(limit: int) -> dict[str, Any]:
+    """Dynamo's settings for at most ``limit`` graphs per compiled frame, with a hit an error: past its
+    limit Dynamo would otherwise run the frame eagerly, silently (for a PT2E graph, the float graph)."""
+    import torch._dynamo.config as dynamo_config
+
+    name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"  # torch < 2.6
+    settings: dict[str, Any] = {name: limit}
+    if hasattr(dynamo_config, "fail_on_recompile_limit_hit"):
+        settings["fail_on_recompile_limit_hit"] = True
+    return settings
 
 
 def _signature(args: tuple[Any, ...]) -> tuple[Any, ...]:
