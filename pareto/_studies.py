@@ -17,7 +17,14 @@ from pareto.errors import UsageError
 from pareto.frontier import DEFAULT_OBJECTIVE_NAMES, objective_metrics
 from pareto.spec import SearchSpec
 from pareto.store import trials
-from pareto.store.engine import check_path, engine_kwargs, open_engine, session_scope, upgrade
+from pareto.store.engine import (
+    check_path,
+    engine_kwargs,
+    immediate_transactions,
+    open_engine,
+    session_scope,
+    upgrade,
+)
 from pareto.store.models import Study, utcnow
 
 HEARTBEAT_INTERVAL_S = 60
@@ -40,13 +47,15 @@ def optuna_storage(db_url: str, engine: Engine, study_id: int) -> optuna.storage
     interval = heartbeat_interval_s()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.storages.RDBStorage(
+        storage = optuna.storages.RDBStorage(
             db_url,
             engine_kwargs=engine_kwargs(db_url),
             heartbeat_interval=interval,
             grace_period=2 * interval,
             heartbeat_stale_trial_callback=_StaleTrial(engine, study_id, 2 * interval),
         )
+    immediate_transactions(storage.engine)  # one worker takes a queued trial, not two
+    return storage
 
 
 class _StaleTrial:

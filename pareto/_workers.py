@@ -108,8 +108,9 @@ def run_workers(spec: SearchSpec, *, db_url: str, workers: int, reporter: Report
     result.repeats = sum(r.repeats for r in results)
     result.rejected = sum(r.rejected for r in results)
     result.exhausted = next((r.exhausted for r in results if r.exhausted), None)
+    result.failed_workers = [r.worker for r in reports if r.exit_code not in (0, 75, 130)]
     for r in reports:
-        if r.exit_code not in (0, 75, 130):
+        if r.worker in result.failed_workers:
             reporter.notice(f"Worker {r.worker} ended with exit code {r.exit_code}: {r.error or 'see above'}")
     return result
 

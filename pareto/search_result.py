@@ -38,6 +38,8 @@ class SearchResult:
     sampler: str = "tpe"
     #: why the search stopped before --n-trials new configurations (nothing new left), or None
     exhausted: str | None = None
+    #: workers (their numbers) that ended on an error: their share of the trials was not run
+    failed_workers: list[int] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """What ``pareto search --json`` prints and a worker hands its parent (the constraints are the
@@ -56,6 +58,7 @@ class SearchResult:
             "rejected_early": self.rejected,
             "exhausted": self.exhausted,
             "stopped_busy": self.stopped_busy,
+            "failed_workers": self.failed_workers,
             "confirmation": self.confirmation.to_dict() if self.confirmation else None,
         }
 
@@ -79,4 +82,5 @@ class SearchResult:
             rejected=data["rejected_early"],
             sampler=data["sampler"],
             exhausted=data["exhausted"],
+            failed_workers=data.get("failed_workers", []),
         )

@@ -6,13 +6,17 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
+from optuna.storages._rdb import models
 from sqlalchemy import select
 
+from pareto._studies import optuna_storage
 from pareto._workers import shares
 from pareto.store.engine import open_engine, session_scope, upgrade
 from pareto.store.models import Measurement, Trial
@@ -54,6 +58,35 @@ def _check_study(db_url: str, study: str) -> tuple[list[optuna.trial.FrozenTrial
 
 def test_shares_split_the_trials() -> None:
     assert shares(10, 3) == [4, 3, 3] and shares(2, 4) == [1, 1, 0, 0] and sum(shares(24, 4)) == 24
+
+
+def test_an_enqueued_trial_is_taken_by_one_worker(db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Optuna takes a queued trial by reading it WAITING, then writing RUNNING (optuna/optuna#4002): on
+    # SQLite the read took no lock, so two workers could both take it and measure it under one number
+    engine = open_engine(db_url)
+    study = optuna.create_study(study_name="q", storage=optuna_storage(db_url, engine, 1))
+    study.enqueue_trial({"x": 1})
+    read = models.TrialModel.find_or_raise_by_id
+
+    def slow_read(*args: Any, **kwargs: Any) -> Any:  # the window between the read and the write, widened
+        row = read(*args, **kwargs)
+        time.sleep(0.6)
+        return row
+
+    monkeypatch.setattr(models.TrialModel, "find_or_raise_by_id", staticmethod(slow_read))
+    taken: list[int | None] = []
+
+    def worker() -> None:
+        other = optuna.load_study(study_name="q", storage=optuna_storage(db_url, engine, 1))
+        taken.append(other._pop_waiting_trial_id())
+
+    threads = [threading.Thread(target=worker) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.2)  # the second reads while the first sleeps between its read and its write
+    for thread in threads:
+        thread.join()
+    assert sorted(taken, key=lambda t: t is None) == [study.trials[0]._trial_id, None], taken
 
 
 def test_local_workers_share_one_study(db_url: str, tmp_path: Path) -> None:
@@ -193,3 +226,21 @@ def test_studies_create_refuses_other_objectives(tmp_path: Path) -> None:
 def test_bad_worker_counts_are_refused(tmp_path: Path, workers: str) -> None:
     proc = _pareto("search", *TINY, "--workers", workers, cwd=tmp_path)
     assert proc.returncode == 2 and "--workers" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_worker_that_fails_makes_the_search_fail(tmp_path: Path) -> None:
+    # worker 1's task cannot be built: worker 0's trial is stored, and the search says so and exits 1
+    (tmp_path / "flaky_task.py").write_text(
+        "import os\n"
+        "from tests.tiny_task import make_task as tiny\n\n"
+        "def make_task():\n"
+        "    if os.environ.get('PARETO_WORKER') == '1':\n"
+        "        raise RuntimeError('no model on this worker')\n"
+        "    return tiny()\n"
+    )
+    args = [*TINY, "--task", "flaky_task:make_task", "--study", "f", "--n-trials", "2", "--workers", "2", "--no-guard"]
+    proc = _pareto("search", *args, "--db", "sqlite:///pareto.db", cwd=tmp_path, PYTHONPATH=f"{ROOT}:{tmp_path}")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Worker 1 ended with exit code" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    _, rows = _check_study("sqlite:///" + str(tmp_path / "pareto.db"), "f")
+    assert [r.state for r in rows] == ["COMPLETE"] and rows[0].is_baseline  # worker 0's share: the baseline

@@ -185,5 +185,8 @@ def _print_search(result: SearchResult) -> None:
 
 
 def _search_exit(result: SearchResult) -> int:
-    """130 after Ctrl-C; 75 (EX_TEMPFAIL) when the machine stayed busy and the search stopped early."""
-    return 130 if result.interrupted else 75 if result.stopped_busy else 0
+    """130 after Ctrl-C; 75 (EX_TEMPFAIL) when the machine stayed busy and the search stopped early; 1 when
+    a worker ended on an error (what the others measured is stored, its share of the trials is not run)."""
+    if result.interrupted:
+        return 130
+    return 75 if result.stopped_busy else 1 if result.failed_workers else 0

@@ -111,6 +111,26 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
+def immediate_transactions(engine: Engine) -> None:
+    """On SQLite, every transaction of ``engine`` takes the write lock when it begins (``BEGIN IMMEDIATE``).
+
+    Python's driver begins a transaction only at the first write, so a read-then-write (Optuna taking a
+    queued trial: read it WAITING, write RUNNING; optuna/optuna#4002) reads outside any lock, and two
+    workers can both take one trial. With the lock taken first, the second waits (up to the busy timeout)
+    and then reads RUNNING. SQLAlchemy's recipe for the driver: its own transaction handling off, BEGIN
+    emitted by the engine. PostgreSQL needs none of this (Optuna reads there with SELECT ... FOR UPDATE).
+    """
+    if engine.dialect.name != "sqlite":
+        return
+    event.listen(engine, "connect", _driver_transactions_off)
+    event.listen(engine, "begin", lambda connection: connection.exec_driver_sql("BEGIN IMMEDIATE"))
+    engine.dispose()  # a connection pooled before the listeners came would still begin the driver's way
+
+
+def _driver_transactions_off(dbapi_connection: Any, _record: Any) -> None:
+    dbapi_connection.isolation_level = None
+
+
 def migrations_dir() -> Path:
     return Path(str(resources.files("pareto._migrations")))
 
