@@ -59,7 +59,7 @@ from pareto.metrics import Metrics
 from pareto.samplers import FLAT, make_sampler, space_size, start_trial, suggest
 from pareto.samplers import grid as grid_of
 from pareto.search_result import SearchResult, TrialOutcome
-from pareto.spec import Range, SearchSpec, Space
+from pareto.spec import Range, SearchSpec, Space, start_point_problem
 from pareto.store import queries, trials
 from pareto.store.engine import check_path, session_scope
 from pareto.store.models import Environment, Study, Trial, utcnow
@@ -206,7 +206,17 @@ def _space_for_device(spec: SearchSpec, device: str, reporter: Reporter) -> Sear
     space = Space.model_validate(
         {**spec.space.model_dump(mode="json", exclude={"techniques"}), "techniques": techniques}
     )
-    return spec.model_copy(update={"space": space})
+    # start points were checked against the CPU's default space: those outside the GPU's are left out,
+    # so the spec workers validate again (``--workers``) holds only points of the space searched
+    kept = []
+    for k, point in enumerate(spec.search.start_with):
+        problem = start_point_problem(point, space)
+        if problem is None:
+            kept.append(point)
+        else:
+            reporter.notice(f"Leaving out start point {k} on {device}: {problem}.")
+    search = spec.search.model_copy(update={"start_with": kept})
+    return spec.model_copy(update={"space": space, "search": search})
 
 
 def constraints_of(spec: SearchSpec) -> Constraints:

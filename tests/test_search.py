@@ -8,7 +8,7 @@ from sqlalchemy import select
 
 import pareto
 from pareto import _search as search_module
-from pareto._search import run_search
+from pareto._search import Quiet, run_search
 from pareto.errors import BaselineFailed, NoFeasibleConfiguration, TechniqueError, UsageError
 from pareto.spec import SearchSpec
 from pareto.store.engine import open_engine, session_scope
@@ -419,16 +419,17 @@ def test_each_sampler_runs_and_is_stored_with_the_study(db_url: str, sampler: st
     assert pareto.studies(db=db_url)[0]["study"] == f"s-{sampler}"
 
 
+class Notes(Quiet):
+    """A reporter that keeps its notices."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def notice(self, message: str) -> None:
+        self.lines.append(message)
+
+
 def test_continuing_with_another_sampler_says_so(db_url: str) -> None:
-    from pareto._search import Quiet
-
-    class Notes(Quiet):
-        def __init__(self) -> None:
-            self.lines: list[str] = []
-
-        def notice(self, message: str) -> None:
-            self.lines.append(message)
-
     quick = {"device": "cpu", "threads": 1, "warmup": 2, "samples": 40, "rounds": 2, "contention_limit": 50}
     run_search(spec(search={"n_trials": 2, "seed": 0, "confirm_top": 0}, measure=quick), db_url=db_url)
     notes = Notes()
@@ -445,7 +446,7 @@ def test_continuing_with_another_sampler_says_so(db_url: str) -> None:
 
 
 def test_a_gpu_search_without_named_techniques_searches_the_gpus_levers() -> None:
-    from pareto._search import Quiet, _space_for_device
+    from pareto._search import _space_for_device
     from pareto.spec import DEFAULT_CUDA_SPACE
 
     bare = SearchSpec.model_validate({"task": "demo"})
@@ -457,6 +458,18 @@ def test_a_gpu_search_without_named_techniques_searches_the_gpus_levers() -> Non
     batch_only = SearchSpec.model_validate({"task": "demo", "space": {"batch_size": [64, 256]}})
     gpu = _space_for_device(batch_only, "cuda:0", Quiet()).space
     assert gpu.batch_size == [64, 256] and "cuda_graphs" in gpu.techniques
+    # a start point outside the GPU's space is left out there, one inside it kept: the spec a worker
+    # validates again (--workers) is then valid
+    points = [
+        {"techniques": {"prune_unstructured": {"sparsity": 0.5}}},
+        {"techniques": {"prune_structured": {"ratio": 0.5}}},
+    ]
+    started = SearchSpec.model_validate({"task": "demo", "search": {"start_with": points}})
+    notes = Notes()
+    on_gpu = _space_for_device(started, "cuda:0", notes)
+    assert [list(p.techniques) for p in on_gpu.search.start_with] == [["prune_structured"]]
+    assert any("Leaving out start point 0 on cuda:0: technique 'prune_unstructured'" in n for n in notes.lines)
+    SearchSpec.model_validate(on_gpu.model_dump(mode="json"), context={"stored": True})
 
 
 def test_start_points_are_measured_first_and_once_per_environment(db_url: str) -> None:
