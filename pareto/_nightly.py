@@ -39,7 +39,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from pareto._nightly_drift import BenchReferences, Measured, NightDrift, drift_lines
+from pareto._nightly_drift import BenchReferences, Measured, NightDrift, drift_lines, whose
 from pareto._signals import handled
 from pareto.errors import UsageError
 from pareto.frontier import Candidate, Constraints, best_or_none, frontier, objective_metrics
@@ -437,13 +437,14 @@ class _Job:
         """A slower change point in the pick's drift-corrected series (e-divisive means), tonight included."""
         if pick is None:
             return None
-        found = self.drift.find_change_point(pick.trial, self.summary["started_at"])
+        baseline = next((m.trial for m in self.drift.measured if m.is_baseline), None)
+        found = self.drift.find_change_point(pick.trial, self.summary["started_at"], baseline=baseline)
         if found is not None:
             since = found["since"][:10] or "?"
             state = "new tonight" if found["new"] else "reported before"
             self.notice(
-                f"Change point in the pick's drift-corrected P99: ×{found['ratio']:.2f} since the night of {since} "
-                f"({state}, permutation p = {found['p_value']:.3g})."
+                f"Change point in {whose(found)} drift-corrected {found['statistic'].upper()}: ×{found['ratio']:.2f} "
+                f"since the night of {since} ({state}, permutation p = {found['p_value']:.3g})."
             )
         return found
 

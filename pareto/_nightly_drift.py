@@ -14,7 +14,16 @@ import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pareto.drift import STATISTICS, ChangePoint, NoiseBand, change_points, level, noise_band, residuals
+from pareto.drift import (
+    CHANGE_MIN_NIGHTS,
+    STATISTICS,
+    ChangePoint,
+    NoiseBand,
+    change_points,
+    level,
+    noise_band,
+    residuals,
+)
 from pareto.measure.reference import Reference
 
 if TYPE_CHECKING:
@@ -102,12 +111,11 @@ class DriftHistory:
         series = [self.series(trial, statistic, skip_regressions=True) for trial in self.trials()]
         return noise_band(residuals(series), statistic, false_alarm=false_alarm)
 
-    def last_change_point(self, trial: int) -> dict[str, Any] | None:
-        """The slower change point the last night reported for ``trial``, if it did."""
+    def last_change_point(self) -> dict[str, Any] | None:
+        """The slower change point the last night reported, in whichever series, if it did."""
         if self.last is None:
             return None
-        found = (self.last.get("drift") or {}).get("change_point")
-        return found if found and found.get("trial") == trial else None
+        return (self.last.get("drift") or {}).get("change_point") or None
 
 
 def slower_change_point(values: list[float], *, min_ratio: float = 1.0, seed: int = 0) -> ChangePoint | None:
@@ -194,30 +202,45 @@ class NightDrift:
         usual = self.history.reference_level_ms(statistic)
         return None if usual is None or not self.reference_ms else self.reference_ms[statistic] / usual
 
-    def find_change_point(self, trial: int, started_at: str) -> dict[str, Any] | None:
-        """A slower change point in the trial's nightly series of either statistic, tonight included;
-        ``new`` when the last night did not report one near it."""
-        for statistic in STATISTICS:
-            tonight = [math.log(m.corrected(statistic)) for m in self.measured if m.trial == trial]
-            if not tonight:
-                return None
-            points = [*self.history.points(trial, statistic), (started_at, float(statistics.median(tonight)))]
-            found = slower_change_point([value for _, value in points], min_ratio=self.bands[statistic].threshold)
-            if found is None:
-                continue
-            last = self.history.last_change_point(trial)
-            self.change_point = {
-                "trial": trial,
-                "statistic": statistic,
-                "index": found.index,
-                "since": points[found.index][0],
-                "nights": len(points),
-                "ratio": found.ratio,
-                "p_value": found.p_value,
-                "new": last is None or abs(int(last["index"]) - found.index) > 2,
-            }
-            return self.change_point
+    def find_change_point(self, trial: int, started_at: str, *, baseline: int | None = None) -> dict[str, Any] | None:
+        """A slower change point in the trial's nightly series of either statistic, tonight included.
+
+        A pick that moved lately has too few nights beside the reference to hold one (a creep that goes
+        on after the pick moved); then the ``baseline``'s series is looked in: the uncompressed model,
+        measured every night, which a slower model slows too. ``new`` when the last night did not report
+        a change point from (about) the same night.
+        """
+        watched = [("pick", trial)]
+        too_few = len(self.history.points(trial, "p50")) + 1 < 2 * CHANGE_MIN_NIGHTS  # tonight's included
+        if baseline is not None and baseline != trial and too_few:
+            watched.append(("baseline", baseline))
+        for of, number in watched:
+            for statistic in STATISTICS:
+                tonight = [math.log(m.corrected(statistic)) for m in self.measured if m.trial == number]
+                if not tonight:
+                    break
+                points = [*self.history.points(number, statistic), (started_at, float(statistics.median(tonight)))]
+                found = slower_change_point([v for _, v in points], min_ratio=self.bands[statistic].threshold)
+                if found is not None:
+                    self.change_point = self._described(of, number, statistic, [d for d, _ in points], found)
+                    return self.change_point
         return None
+
+    def _described(self, of: str, trial: int, statistic: str, nights: list[str], found: ChangePoint) -> dict[str, Any]:
+        last = self.history.last_change_point()
+        since = nights[found.index]
+        before = nights.index(last["since"]) if last and last.get("since") in nights else None
+        return {
+            "trial": trial,
+            "series": of,
+            "statistic": statistic,
+            "index": found.index,
+            "since": since,
+            "nights": len(nights),
+            "ratio": found.ratio,
+            "p_value": found.p_value,
+            "new": before is None or abs(before - found.index) > 2,
+        }
 
     def pick_view(self) -> dict[str, Any] | None:
         """The pick's P99 tonight, absolute and at the machine's usual speed, its level and the band's top."""
@@ -290,7 +313,7 @@ def drift_lines(summary: dict[str, Any]) -> list[str]:
     if change:
         state = "new tonight" if change["new"] else "reported before"
         lines.append(
-            f"Change point (e-divisive means, {change['nights']} nights): the pick's drift-corrected "
+            f"Change point (e-divisive means, {change['nights']} nights): {whose(change)} drift-corrected "
             f"{change['statistic'].upper()} ×{change['ratio']:.2f} since the night of {change['since'][:10]} "
             f"(permutation p = {change['p_value']:.3g}; {state})."
         )
@@ -375,3 +398,10 @@ class BenchReferences:
         with session_scope(bench.engine) as session:
             trials.save_reference(session, self.study_id, bench.env_id, Reference(batch, kind).digest, source, blob)
         return batch, kind
+
+
+def whose(change: dict[str, Any]) -> str:
+    """Whose series a change point is in: the pick's, or the model's (the baseline's) after a move."""
+    if change.get("series", "pick") == "pick":
+        return "the pick's"
+    return f"the model's (the baseline, trial {change['trial']}, measured every night; the pick moved lately)"

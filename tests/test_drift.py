@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from pareto._nightly_drift import DriftHistory, NightDrift
+from pareto._nightly_drift import DriftHistory, NightDrift, whose
 from pareto.drift import DEFAULT_SIGMA, MIN_HISTORY, change_points, level, noise_band, residuals
 from pareto.measure.reference import (
     KIND,
@@ -251,3 +251,33 @@ def test_an_slo_or_a_p99_that_moved_while_the_p50_stayed_is_no_verdict_a_slower_
     assert model.regression and model.lost_slo and not model.inconclusive and model.kind == "configuration"
     fine = compare_corrected(1, "pick", before, quiet, ratios={"p50": 1.01, "p99": 1.05}, **common)
     assert not fine.regression and not fine.inconclusive and "within the noise bands" in fine.reason
+
+
+def test_a_creep_that_goes_on_after_the_pick_moved_is_followed_in_the_baselines_series() -> None:
+    rng = np.random.default_rng(5)
+    nights = _history(25, rng)  # the baseline (trial 0) and the pick (trial 5), steady
+
+    def night(n: int, values: dict[int, tuple[float, float]], pick: int) -> dict[str, Any] | None:
+        drift = NightDrift(nights, false_alarm=0.01)
+        drift.record(_result(values, (1.0, 1.2)), "first pass")
+        found = drift.find_change_point(pick, f"2026-12-{n:02d}T03:00:00", baseline=0)
+        summary = _night("regression", values, started=f"2026-12-{n:02d}T03:00:00")
+        summary["drift"]["change_point"] = found
+        nights.append(summary)
+        return found
+
+    slower = [1.03**n for n in range(1, 11)]  # the model 3 % slower a night: every configuration
+    for n in range(1, 8):
+        found = night(n, {0: (8.0 * slower[n - 1], 10.0 * slower[n - 1]), 5: (slower[n - 1], 1.3 * slower[n - 1])}, 5)
+    assert found is not None and found["series"] == "pick" and found["trial"] == 5
+    # the pick moved to trial 9 (measured beside the reference once, the night before): too few nights of
+    # its own, so the creep is followed in the baseline's series, from the same night as before: not new
+    nights[-1]["drift"]["measured"].append({"trial": 9, "corrected_p50": 0.9 * slower[6], "corrected_p99": 1.2})
+    found = night(8, {0: (8.0 * slower[7], 10.0 * slower[7]), 9: (0.9 * slower[7], 1.2 * slower[7])}, 9)
+    assert found is not None and found["series"] == "baseline" and found["trial"] == 0 and not found["new"], found
+    assert whose(found).startswith("the model's (the baseline, trial 0")
+    # a pick with nights of its own is judged on them: the baseline alone slower does not count for it
+    steady = _history(25, rng)
+    drift = NightDrift(steady, false_alarm=0.01)
+    drift.record(_result({0: (8.0 * 1.5, 10.0 * 1.5), 5: (1.0, 1.3)}, (1.0, 1.2)), "first pass")
+    assert drift.find_change_point(5, "2026-12-01T03:00:00", baseline=0) is None
