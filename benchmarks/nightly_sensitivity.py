@@ -193,7 +193,8 @@ def _fmt(value: Any, spec: str = ".3f") -> str:
 def print_row(label: str, n: int, row: dict[str, Any]) -> None:
     cp = row["change_point"]
     change = (
-        f"×{cp['ratio']:.2f} {cp['statistic']} since night {cp['index'] + 1}{' (new)' if cp['new'] else ''}"
+        f"×{cp['ratio']:.2f} {cp['statistic']} of {cp.get('series', 'pick')} {cp['trial']} since night "
+        f"{cp['index'] + 1}{' (new)' if cp['new'] else ''}"
         if cp
         else "—"
     )

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pareto.drift import (
-    CHANGE_MIN_NIGHTS,
     STATISTICS,
     ChangePoint,
     NoiseBand,
     change_points,
     level,
+    nights_to_find_change,
     noise_band,
     residuals,
 )
@@ -205,13 +205,14 @@ class NightDrift:
     def find_change_point(self, trial: int, started_at: str, *, baseline: int | None = None) -> dict[str, Any] | None:
         """A slower change point in the trial's nightly series of either statistic, tonight included.
 
-        A pick that moved lately has too few nights beside the reference to hold one (a creep that goes
-        on after the pick moved); then the ``baseline``'s series is looked in: the uncompressed model,
-        measured every night, which a slower model slows too. ``new`` when the last night did not report
-        a change point from (about) the same night.
+        A pick that moved lately has too few nights beside the reference for a change point to pass the
+        test (``pareto.drift.nights_to_find_change``): a creep that goes on after the pick moved. Then the
+        ``baseline``'s series is looked in too: the uncompressed model, measured every night, which a
+        slower model slows too. ``new`` when the last night did not report a change point from (about)
+        the same night.
         """
         watched = [("pick", trial)]
-        too_few = len(self.history.points(trial, "p50")) + 1 < 2 * CHANGE_MIN_NIGHTS  # tonight's included
+        too_few = len(self.history.points(trial, "p50")) + 1 < nights_to_find_change()  # tonight's included
         if baseline is not None and baseline != trial and too_few:
             watched.append(("baseline", baseline))
         for of, number in watched:
