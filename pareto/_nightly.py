@@ -159,6 +159,7 @@ class _Job:
         self.constraints: Constraints = constraints_of(spec)
         self.summary: dict[str, Any] = {"study": spec.study_name, "task": spec.task}
         self.last_pick: int | None = None  #: the last nightly's pick (``_open_history``)
+        self.runs: list[int] = []  #: the runs of tonight's re-measurements (withdrawn on a noisy night)
 
     def run(self) -> NightlyResult:
         from pareto._runs import open_bench
@@ -192,6 +193,8 @@ class _Job:
             change is not None and change["new"] and not noisy
         )
         status = "regression" if regression else "noisy" if noisy else "ok"
+        if status == "noisy":
+            self._withdraw(bench)
         after = _load(bench, study_id, bench.env_id)
         best_after = best_or_none(after, self.constraints, study=self.spec.study_name)
         pick_after = self._next_pick(pick_before, best_after, before, after, regression)
@@ -338,6 +341,7 @@ class _Job:
         reference = self.drift.timed(chosen[0])
         result = confirm(bench, study_id, chosen, self.constraints, seed=self.spec.search.seed, reference=reference)
         self.summary["remeasure_guard"] = result.guard
+        self.runs += result.runs
         measured = self.drift.record(result, label)
         baselines = [m for m in measured.values() if m.is_baseline]
         by_trial = {c.trial: c for c in chosen}
@@ -419,6 +423,18 @@ class _Job:
             second or first, regression=False, reason=f"a first pass found, a second did not: {first.reason}"
         )
         return [kept if c is first else c for c in comparisons], True
+
+    def _withdraw(self, bench: Any) -> None:
+        """A noisy night concludes nothing: what it measured stays stored (its summary, the history), but
+        ``best`` and ``frontier`` keep answering from the measurements before it."""
+        with session_scope(bench.engine) as session:
+            withdrawn = trials.withdraw_preference(session, self.runs)
+        self.summary["withdrawn"] = withdrawn
+        if withdrawn:
+            self.notice(
+                f"Tonight's {withdrawn} re-measurements are kept, but not answered from: 'pareto best' "
+                "answers from the measurements before tonight."
+            )
 
     def _measure_new_pick(self, bench: Any, study_id: int, pick: Candidate | None) -> None:
         """A pick found tonight is measured beside the reference now, so tomorrow compares it drift-corrected."""

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 import pareto
 from pareto._nightly import run_nightly
@@ -20,7 +20,7 @@ from pareto._search import run_search
 from pareto.errors import UsageError
 from pareto.spec import NightlySettings, SearchSpec, load_nightly
 from pareto.store.engine import open_engine, session_scope, upgrade
-from pareto.store.models import NightlyRun
+from pareto.store.models import Measurement, NightlyRun, Trial
 
 ROOT = Path(__file__).resolve().parents[1]
 TASK = "tests.tiny_task:make_slowable_task"
@@ -279,10 +279,27 @@ def test_a_regression_the_second_pass_does_not_find_makes_a_noisy_night(
 
     monkeypatch.setattr(_nightly, "compare", spell)
     settings = NightlySettings(time_budget="1s", remeasure_top=0, summary_dir=str(tmp_path))
+    preferred_before = _preferred(db_url)
+    with session_scope(open_engine(db_url)) as session:
+        before_night = session.scalars(select(Measurement.id).where(Measurement.kind == "confirm")).all()
     night = run_nightly(_spec(), settings, db_url=db_url, notice=lambda _: None)
     assert night.status == "noisy" and night.exit_code == 75
+    # a noisy night concludes nothing: its measurements are stored, best answers from those before it
+    assert night.summary["withdrawn"] >= 1 and _preferred(db_url) == preferred_before
+    with session_scope(open_engine(db_url)) as session:
+        confirmations = session.scalar(select(func.count()).where(Measurement.kind == "confirm"))
+    assert confirmations >= len(before_night) + 2  # both passes kept
     assert night.summary["first_pass"]["regression"] and night.summary["reproduced"] is False
     (pick,) = night.summary["comparisons"]  # the second pass's measurement, with the first pass named
     assert not night.summary["regressions"] and "a first pass found, a second did not" in pick["reason"]
     # the first pass's P99 was inflated 10x; the kept one is the second pass's own measurement
     assert pick["p99_after_ms"] != night.summary["first_pass"]["p99_after_ms"] and not pick["regression"]
+
+
+def _preferred(db_url: str) -> dict[int, int]:
+    """Each trial's preferred measurement (the one best and frontier answer from)."""
+    with session_scope(open_engine(db_url)) as session:
+        rows = session.execute(
+            select(Trial.optuna_number, Measurement.id).join(Trial).where(Measurement.preferred.is_(True))
+        ).all()
+    return dict(rows)

@@ -174,6 +174,34 @@ def measurement_in_runs(session: Session, study_id: int, number: int, runs: list
     ).one()
 
 
+def withdraw_preference(session: Session, runs: list[int]) -> int:
+    """The measurements ``runs`` took stop being the ones ``best`` and ``frontier`` answer from (a noisy
+    night's): each trial's preferred measurement in that environment goes back to its latest earlier
+    confirmation, else its first search measurement. They stay stored. Returns how many were withdrawn."""
+    withdrawn = session.scalars(
+        select(Measurement).where(Measurement.run_id.in_(runs), Measurement.preferred.is_(True))
+    ).all()
+    for row in withdrawn:
+        row.preferred = False
+        same = (
+            (Measurement.trial_id == row.trial_id)
+            & (Measurement.environment_id == row.environment_id)
+            & ((Measurement.run_id.is_(None)) | Measurement.run_id.not_in(runs))
+        )
+        earlier = (
+            session.scalars(
+                select(Measurement).where(same, Measurement.kind == "confirm").order_by(Measurement.id.desc()).limit(1)
+            ).first()
+            or session.scalars(
+                select(Measurement).where(same, Measurement.kind == "search").order_by(Measurement.id).limit(1)
+            ).first()
+        )
+        if earlier is not None:
+            earlier.preferred = True
+    session.flush()
+    return len(withdrawn)
+
+
 def add_calibration(
     session: Session, env_id: int, *, peak_flops: dict[str, float], bandwidth: float, method: str
 ) -> None:
