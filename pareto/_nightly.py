@@ -160,6 +160,7 @@ class _Job:
         self.summary: dict[str, Any] = {"study": spec.study_name, "task": spec.task}
         self.last_pick: int | None = None  #: the last nightly's pick (``_open_history``)
         self.runs: list[int] = []  #: the runs of tonight's re-measurements (withdrawn on a noisy night)
+        self.preferred_before: dict[int, int] = {}  #: each trial's preferred measurement before tonight
 
     def run(self) -> NightlyResult:
         from pareto._runs import open_bench
@@ -179,6 +180,8 @@ class _Job:
         pick_before = self._served(before, best_or_none(before, self.constraints, study=self.spec.study_name))
         front_before = frontier(before, objective_metrics(self.spec.objectives))
         self.drift = self._open_drift(bench, study_id, pick_before)
+        with session_scope(bench.engine) as session:
+            self.preferred_before = trials.preferred_measurements(session, study_id, bench.env_id)
         comparisons, noisy = self._remeasure(bench, study_id, pick_before, front_before, "first pass")
         self.terminated.check()
         comparisons, noisy = self._reproduce(bench, study_id, pick_before, comparisons, noisy)
@@ -186,7 +189,7 @@ class _Job:
         trials_run, stopped_busy = self._search_on()
         self.terminated.check()
         pick_comparison = next((c for c in comparisons if pick_before and c.trial == pick_before.trial), None)
-        change = self._change_point(pick_before)
+        change = self._change_point(pick_before, before)
         if pick_comparison is not None and pick_comparison.inconclusive:
             noisy = True  # its P99 or its SLO moved while its P50 stayed: no verdict tonight
         regression = (pick_comparison is not None and pick_comparison.regression) or (
@@ -428,7 +431,7 @@ class _Job:
         """A noisy night concludes nothing: what it measured stays stored (its summary, the history), but
         ``best`` and ``frontier`` keep answering from the measurements before it."""
         with session_scope(bench.engine) as session:
-            withdrawn = trials.withdraw_preference(session, self.runs)
+            withdrawn = trials.restore_preferred(session, self.runs, self.preferred_before)
         self.summary["withdrawn"] = withdrawn
         if withdrawn:
             self.notice(
@@ -449,11 +452,14 @@ class _Job:
         result = confirm(bench, study_id, [pick], self.constraints, seed=self.spec.search.seed, reference=reference)
         self.drift.record(result, "new pick")
 
-    def _change_point(self, pick: Candidate | None) -> dict[str, Any] | None:
+    def _change_point(self, pick: Candidate | None, stored: list[Candidate]) -> dict[str, Any] | None:
         """A slower change point in the pick's drift-corrected series (e-divisive means), tonight included."""
         if pick is None:
             return None
-        baseline = next((m.trial for m in self.drift.measured if m.is_baseline), None)
+        # the model's series: the baseline at the pick's batch size (confirm times one per batch size)
+        batches = {c.trial: c.config["batch_size"] for c in stored}
+        baselines = [m.trial for m in self.drift.measured if m.is_baseline]
+        baseline = next((t for t in baselines if batches.get(t) == pick.config["batch_size"]), None)
         found = self.drift.find_change_point(pick.trial, self.summary["started_at"], baseline=baseline)
         if found is not None:
             since = found["since"][:10] or "?"

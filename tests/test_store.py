@@ -7,6 +7,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import inspect, select, text
 
 from pareto.errors import StoreError
+from pareto.store import trials
 from pareto.store.engine import (
     VERSION_TABLE,
     alembic_config,
@@ -17,7 +18,7 @@ from pareto.store.engine import (
     session_scope,
     upgrade,
 )
-from pareto.store.models import Environment, Measurement, Study, Trial
+from pareto.store.models import Environment, Measurement, Run, Study, Trial
 
 
 def _revisions(engine) -> list[str]:
@@ -122,6 +123,28 @@ def test_our_history_and_optunas_share_one_database(db_url: str) -> None:
     storage.engine.dispose()
 
 
+#: the columns a measurement row must have
+_MEASURED = {
+    "accuracy": 0.9,
+    "batch_size": 1,
+    "latency_mean_ms": 1,
+    "latency_p50_ms": 1,
+    "latency_p90_ms": 1,
+    "latency_p99_ms": 2,
+    "latency_p99_upper_ms": 2.5,
+    "latency_p999_ms": 3,
+    "p99_p50_ratio": 2,
+    "samples": 662,
+    "warmup": 10,
+    "confidence": 0.95,
+    "method": "m",
+    "throughput_per_s": 1000,
+    "params_bytes": 4 * 10**9,
+    "theoretical_bytes": 10,
+    "compression_ratio": 1.0,
+}
+
+
 def test_rows_round_trip(db_url: str) -> None:
     engine = open_engine(db_url)
     upgrade(engine)
@@ -152,29 +175,7 @@ def test_rows_round_trip(db_url: str) -> None:
         )
         session.add(trial)
         session.flush()
-        session.add(
-            Measurement(
-                trial_id=trial.id,
-                environment_id=env.id,
-                accuracy=0.9,
-                batch_size=1,
-                latency_mean_ms=1,
-                latency_p50_ms=1,
-                latency_p90_ms=1,
-                latency_p99_ms=2,
-                latency_p99_upper_ms=2.5,
-                latency_p999_ms=3,
-                p99_p50_ratio=2,
-                samples=662,
-                warmup=10,
-                confidence=0.95,
-                method="m",
-                throughput_per_s=1000,
-                params_bytes=4 * 10**9,
-                theoretical_bytes=10,
-                compression_ratio=1.0,
-            )
-        )
+        session.add(Measurement(trial_id=trial.id, environment_id=env.id, **_MEASURED))
     with session_scope(engine) as session:
         m = session.scalars(select(Measurement)).one()
         assert m.params_bytes == 4 * 10**9  # BigInteger: past 2 GiB
@@ -280,3 +281,55 @@ def test_a_server_database_connection_gives_up_after_a_timeout_unless_the_url_se
         with pytest.raises(StoreError, match="Cannot open database"):
             open_engine(f"postgresql+psycopg://u@127.0.0.1:{port}/db?connect_timeout=1")
         assert time.monotonic() - started < 30
+
+
+def test_two_noisy_nights_in_a_row_leave_the_answer_where_it_was(db_url: str) -> None:
+    # each noisy night's confirmations are withdrawn back to what was preferred before that night: the
+    # second night must not bring back the first night's (a rule like "the latest earlier confirmation" would)
+    engine = open_engine(db_url)
+    upgrade(engine)
+    with session_scope(engine) as session:
+        env = Environment(
+            key="k",
+            device="cpu",
+            device_name="x",
+            torch_version="2",
+            cpu_model="x",
+            threads=1,
+            hostname="h",
+            details={},
+        )
+        study = Study(name="s", task="demo", spec={})
+        session.add_all([env, study])
+        session.flush()
+        trial = Trial(
+            study_id=study.id,
+            optuna_number=0,
+            config={},
+            config_key="c",
+            description="d",
+            is_baseline=False,
+            batch_size=1,
+            environment_id=env.id,
+            state="COMPLETE",
+        )
+        session.add(trial)
+        session.flush()
+
+        def measure(kind: str, p99: float) -> tuple[int, int]:
+            run = Run(study_id=study.id, kind=kind, environment_id=env.id, hostname="h", pid=1)
+            session.add(run)
+            session.flush()
+            fields = {**_MEASURED, "latency_p99_ms": p99}
+            row = Measurement(trial_id=trial.id, environment_id=env.id, run_id=run.id, kind=kind, **fields)
+            session.add(row)
+            session.flush()
+            return run.id, row.id
+
+        _, searched = measure("search", 2.0)
+        for night in range(2):
+            before = trials.preferred_measurements(session, study.id, env.id)
+            run, _ = measure("confirm", 13.0 + night)  # a loaded night's confirmation: preferred on insert
+            assert trials.preferred_measurements(session, study.id, env.id) != before
+            assert trials.restore_preferred(session, [run], before) == 1
+            assert trials.preferred_measurements(session, study.id, env.id) == {trial.id: searched}

@@ -174,28 +174,28 @@ def measurement_in_runs(session: Session, study_id: int, number: int, runs: list
     ).one()
 
 
-def withdraw_preference(session: Session, runs: list[int]) -> int:
+def preferred_measurements(session: Session, study_id: int, environment_id: int) -> dict[int, int]:
+    """Each trial's preferred measurement in one environment: trial row id -> measurement id."""
+    rows = session.execute(
+        select(Measurement.trial_id, Measurement.id).where(
+            Measurement.study_id == study_id,
+            Measurement.environment_id == environment_id,
+            Measurement.preferred.is_(True),
+        )
+    ).all()
+    return {trial_id: measurement_id for trial_id, measurement_id in rows}
+
+
+def restore_preferred(session: Session, runs: list[int], before: dict[int, int]) -> int:
     """The measurements ``runs`` took stop being the ones ``best`` and ``frontier`` answer from (a noisy
-    night's): each trial's preferred measurement in that environment goes back to its latest earlier
-    confirmation, else its first search measurement. They stay stored. Returns how many were withdrawn."""
+    night's); each trial's preferred measurement is again the one it had ``before``
+    (``preferred_measurements``). They stay stored. Returns how many were withdrawn."""
     withdrawn = session.scalars(
         select(Measurement).where(Measurement.run_id.in_(runs), Measurement.preferred.is_(True))
     ).all()
     for row in withdrawn:
         row.preferred = False
-        same = (
-            (Measurement.trial_id == row.trial_id)
-            & (Measurement.environment_id == row.environment_id)
-            & ((Measurement.run_id.is_(None)) | Measurement.run_id.not_in(runs))
-        )
-        earlier = (
-            session.scalars(
-                select(Measurement).where(same, Measurement.kind == "confirm").order_by(Measurement.id.desc()).limit(1)
-            ).first()
-            or session.scalars(
-                select(Measurement).where(same, Measurement.kind == "search").order_by(Measurement.id).limit(1)
-            ).first()
-        )
+        earlier = session.get(Measurement, before[row.trial_id]) if row.trial_id in before else None
         if earlier is not None:
             earlier.preferred = True
     session.flush()
