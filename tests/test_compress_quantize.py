@@ -96,12 +96,12 @@ def test_eager_int8_dynamic_refuses_a_half_model(no_torchao: None) -> None:
 
 
 def test_weight_only_variants_need_torchao(no_torchao: None) -> None:
-    assert Int8WeightOnly().available("cpu") == "needs torchao (pip install 'pareto-slo[torchao]')"
+    assert Int8WeightOnly().available("cpu") == quantize.TORCHAO_HINT
     assert Int8WeightOnly().backend("cpu") is None
     model = _mlp()
     with pytest.raises(TechniqueError, match=r"int8_weight_only: needs torchao"):
         Int8WeightOnly().apply(model, _task(model))
-    assert Int4WeightOnly().available("cuda:0") == "needs torchao (pip install 'pareto-slo[torchao]')"
+    assert Int4WeightOnly().available("cuda:0") == quantize.TORCHAO_HINT
 
 
 def test_int4_is_cuda_only() -> None:

@@ -1,7 +1,7 @@
 """int8_static: PT2E static int8 (X86 Inductor quantizer), served compiled with Inductor's freezing.
 
-The first tests run everywhere (the capability check, the freezing wrapper); the rest need torchao
-(``pip install -e '.[torchao]'``), which CI installs after the main suite to run this file again.
+The first tests run everywhere (the capability check, the freezing wrapper); the rest need torchao,
+which pareto installs (they skip where it does not import).
 """
 
 from __future__ import annotations

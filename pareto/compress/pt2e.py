@@ -9,9 +9,8 @@ quantize/dequantize pair around a convolution or matrix product into one int8 ke
 compile the converted graph runs the reference quantize/dequantize ops in float and is slower than
 the model it came from, so ``int8_static`` is served on the ``compile`` backend only.
 
-The quantizer lives in torchao (``torchao.quantization.pt2e``, the optional extra
-``pareto-slo[torchao]``); PyTorch releases before it moved there have it in ``torch.ao`` and are
-used when torchao is absent.
+The quantizer lives in torchao (``torchao.quantization.pt2e``, a dependency of pareto); PyTorch
+releases before it moved there have it in ``torch.ao`` and are used when torchao does not import.
 """
 
 from __future__ import annotations
