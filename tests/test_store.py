@@ -64,6 +64,14 @@ def test_every_migration_upward_keeps_data(db_url: str) -> None:
                 f"(1, 1, 0, 'COMPLETE', '{{}}', 'c', 'baseline @ batch 1', TRUE, 1, 1, {now})"
             )
         )
+        for number, error in ((1, "int8_dynamic failed on this model: boom"), (2, "interrupted by the user")):
+            conn.execute(
+                text(
+                    "INSERT INTO pareto_trials (id, study_id, optuna_number, state, config, config_key, description, "
+                    "is_baseline, batch_size, environment_id, started_at, error) VALUES "
+                    f"({number + 1}, 1, {number}, 'FAILED', '{{}}', 'f{number}', 'x', FALSE, 1, 1, {now}, '{error}')"
+                )
+            )
         conn.execute(
             text(
                 "INSERT INTO pareto_measurements (trial_id, environment_id, accuracy, batch_size, latency_mean_ms, "
@@ -83,6 +91,9 @@ def test_every_migration_upward_keeps_data(db_url: str) -> None:
         assert m.confidence == pytest.approx(0.975) and m.kind == "search" and m.rounds is None
         # 0006: the row knows its study, and it is the one the queries use
         assert m.study_id == 1 and m.preferred is True
+        # 0009: a configuration that broke is known from then on; an interrupted trial is not
+        known = dict(session.execute(select(Trial.optuna_number, Trial.config_failed)).all())
+        assert known == {0: False, 1: True, 2: False}
         session.add(
             Measurement(
                 **{c.name: getattr(m, c.name) for c in Measurement.__table__.columns if c.name not in {"id", "kind"}},

@@ -20,6 +20,7 @@ from sqlalchemy import (
     UniqueConstraint,
     event,
     exists,
+    false,
     select,
     update,
 )
@@ -74,9 +75,11 @@ class Trial(Base):
     """One configuration tried in a study.
 
     ``state``: RUNNING; COMPLETE (measured); DUPLICATE (answered from an earlier trial's measurement);
-    FAILED (``error`` says why); BUSY (the contention guard gave up: no verdict, measured again when
-    proposed again); PRUNED (rejected early: its first round of latency put the P99 over the SLO with
-    confidence, so the rest was not measured; ``early_latency`` holds that round, ``error`` the reason).
+    FAILED (``error`` says why; ``config_failed`` when the configuration itself broke here, so that a
+    repeat is answered with that reason and never built again); BUSY (the contention guard gave up: no
+    verdict, measured again when proposed again); PRUNED (rejected early: its first round of latency put
+    the P99 over the SLO with confidence, so the rest was not measured; ``early_latency`` holds that
+    round, ``error`` the reason).
     """
 
     __tablename__ = "pareto_trials"
@@ -96,6 +99,8 @@ class Trial(Base):
     batch_size: Mapped[int] = mapped_column(Integer)
     environment_id: Mapped[int | None] = mapped_column(ForeignKey("pareto_environments.id"))
     error: Mapped[str | None] = mapped_column(Text)
+    #: FAILED because the configuration broke here (not an interruption, nor a worker that stopped)
+    config_failed: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     # seconds spent in each phase; "everything else" (sampler, database) is the trial's wall time minus these
     compress_s: Mapped[float | None] = mapped_column(Float)
     compile_s: Mapped[float | None] = mapped_column(Float)  # torch.compile's first call, never latency
@@ -274,4 +279,28 @@ class ReferenceModel(Base):
     digest: Mapped[str] = mapped_column(String(64))  #: SHA-256 of ``program``
     source: Mapped[str] = mapped_column(Text)  #: what was frozen, e.g. "trial 5 as served"
     program: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class TechniqueCheck(Base):
+    """What a study learned about one technique in one environment before its trials (``pareto.preflight``).
+
+    ``kind``: "runs" (the technique alone built on the task's model and ran one forward; ``reason`` says
+    why not) or "pays" (the lever probe: the technique on a layer of the task's widths, timed beside
+    float32; ``details`` holds the timings). ``config_key`` is the configuration that was checked, so a
+    check is taken again when the space's parameters change.
+    """
+
+    __tablename__ = "pareto_technique_checks"
+    __table_args__ = (UniqueConstraint("study_id", "environment_id", "kind", "config_key", name="uq_technique_check"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("pareto_studies.id", ondelete="CASCADE"))
+    environment_id: Mapped[int] = mapped_column(ForeignKey("pareto_environments.id"))
+    kind: Mapped[str] = mapped_column(String(16))
+    technique: Mapped[str] = mapped_column(String(64))
+    config_key: Mapped[str] = mapped_column(String(64))
+    ok: Mapped[bool] = mapped_column(Boolean)
+    reason: Mapped[str | None] = mapped_column(Text)
+    details: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

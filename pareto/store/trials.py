@@ -16,7 +16,16 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from pareto.store.models import HardwareCalibration, Measurement, NightlyRun, ReferenceModel, Study, Trial, utcnow
+from pareto.store.models import (
+    HardwareCalibration,
+    Measurement,
+    NightlyRun,
+    ReferenceModel,
+    Study,
+    TechniqueCheck,
+    Trial,
+    utcnow,
+)
 
 #: The states of a trial that gave a verdict on its configuration in an environment.
 VERDICT_STATES = ("COMPLETE", "PRUNED", "FAILED")
@@ -56,12 +65,24 @@ def trial_by_number(session: Session, study_id: int, number: int) -> Trial | Non
     return session.scalars(select(Trial).where(Trial.study_id == study_id, Trial.optuna_number == number)).one_or_none()
 
 
-def finish_trial(session: Session, trial_id: int, state: str, error: str | None) -> Trial:
-    """Set a trial's final state (and its reason), stamped now; the row."""
+def finish_trial(
+    session: Session, trial_id: int, state: str, error: str | None, *, config_failed: bool = False
+) -> Trial:
+    """Set a trial's final state (and its reason), stamped now; the row. ``config_failed``: FAILED because
+    the configuration itself broke (a repeat of it is then answered with ``error``, never built again)."""
     row = session.get(Trial, trial_id)
     assert row is not None, f"trial {trial_id} is not stored"
     row.state, row.error, row.finished_at = state, error, utcnow()
+    row.config_failed = config_failed
     return row
+
+
+def retarget_trial(session: Session, trial_id: int, *, config: dict[str, Any], key: str, description: str) -> None:
+    """A trial's configuration replaced by the one it turned out to be (a technique that changed nothing
+    left out of it), before anything of it was measured."""
+    row = session.get(Trial, trial_id)
+    assert row is not None, f"trial {trial_id} is not stored"
+    row.config, row.config_key, row.description = config, key, description
 
 
 def baseline_trials(session: Session, study_id: int, batch_size: int) -> Sequence[Trial]:
@@ -113,6 +134,23 @@ def running_twin(session: Session, study_id: int, env_id: int, key: str, before_
     )
 
 
+def failed_twin(session: Session, study_id: int, env_id: int, key: str, exclude_id: int) -> tuple[int, str] | None:
+    """``(number, reason)`` of a trial of this configuration that broke in this environment, or None."""
+    row = session.execute(
+        select(Trial.optuna_number, Trial.error)
+        .where(
+            Trial.study_id == study_id,
+            Trial.config_key == key,
+            Trial.environment_id == env_id,
+            Trial.config_failed.is_(True),
+            Trial.id != exclude_id,
+        )
+        .order_by(Trial.id)
+        .limit(1)
+    ).one_or_none()
+    return None if row is None else (row.optuna_number, row.error or "no reason stored")
+
+
 def rejected_early(
     session: Session, study_id: int, env_id: int, key: str, exclude_id: int
 ) -> list[tuple[int, dict[str, Any] | None]]:
@@ -127,6 +165,28 @@ def rejected_early(
         )
     ).all()
     return [(number, early) for number, early in rows]
+
+
+# --- technique checks ----------------------------------------------------------------------------
+
+
+def technique_checks(session: Session, study_id: int, env_id: int, kind: str) -> dict[str, TechniqueCheck]:
+    """The study's checks of one ``kind`` ("runs", "pays") in this environment, by configuration key."""
+    rows = session.scalars(
+        select(TechniqueCheck).where(
+            TechniqueCheck.study_id == study_id, TechniqueCheck.environment_id == env_id, TechniqueCheck.kind == kind
+        )
+    ).all()
+    return {row.config_key: row for row in rows}
+
+
+def save_technique_check(session: Session, check: TechniqueCheck) -> None:
+    """Keep a check; one another worker stored first for the same configuration stands."""
+    try:
+        with session.begin_nested():
+            session.add(check)
+    except IntegrityError:
+        pass
 
 
 # --- measurements --------------------------------------------------------------------------------
