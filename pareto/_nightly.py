@@ -64,6 +64,7 @@ ENVIRONMENT_FIELDS = (
     "cpu_features",
     "cpu_id",
     "cpu_capability",
+    "cpu_isa_limits",
     "threads",
     "hostname",
     "onnxruntime_version",

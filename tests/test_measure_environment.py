@@ -13,7 +13,7 @@ def test_fingerprint_keys_and_stable_key() -> None:
     assert set(fp) == {
         "device", "device_name", "driver", "torch_version", "python_version",
         "platform", "cpu_model", "cpu_count", "threads", "hostname", "onnxruntime_version",
-        "torchao_version", "cuda_math", "cpu_features", "cpu_id", "cpu_capability",
+        "torchao_version", "cuda_math", "cpu_features", "cpu_id", "cpu_capability", "cpu_isa_limits",
     }  # fmt: skip
     assert fp["device"] == "cpu" and fp["threads"] == 2 and fp["driver"] is None and fp["cuda_math"] is None
     assert fp["device_name"] == fp["cpu_model"] and fp["cpu_model"]
@@ -132,3 +132,24 @@ def test_techniques_say_what_this_cpus_instructions_do_for_them(monkeypatch: pyt
     listing = {t["name"]: t for t in describe_techniques("cpu")}
     assert listing["bf16"]["on_this_cpu"].startswith("not native") and "AVX512" in listing["compile"]["on_this_cpu"]
     assert listing["prune_structured"]["on_this_cpu"] is None
+
+
+def test_kernels_held_below_the_cpu_are_what_the_facts_and_the_key_follow(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pareto.compress.cpu import on_this_cpu
+
+    for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "FBGEMM_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY"):
+        monkeypatch.delenv(name, raising=False)
+    free = _fingerprint_on(monkeypatch, SAPPHIRE_RAPIDS)
+    assert free["cpu_isa_limits"] is None
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    monkeypatch.setenv("FBGEMM_ENABLE_INSTRUCTIONS", "AVX2")
+    held = _fingerprint_on(monkeypatch, SAPPHIRE_RAPIDS)
+    # oneDNN may use AVX2 alone: no AVX-512, no VNNI, no AMX in what the facts read
+    assert held["cpu_features"] == "avx2 fma f16c"
+    assert held["cpu_isa_limits"] == "ONEDNN_MAX_CPU_ISA=AVX2, FBGEMM_ENABLE_INSTRUCTIONS=AVX2"
+    assert environment_key(held) != environment_key(free)
+    assert on_this_cpu("bf16", held["cpu_features"]).startswith("not native")
+    assert on_this_cpu("int8_static", held["cpu_features"]).startswith("no VNNI")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "avx512_core_vnni")  # oneDNN reads it in any case
+    assert "avx512_vnni" in _fingerprint_on(monkeypatch, SAPPHIRE_RAPIDS)["cpu_features"]
+    assert "amx_tile" not in _fingerprint_on(monkeypatch, SAPPHIRE_RAPIDS)["cpu_features"]

@@ -27,6 +27,23 @@ OPTIONAL_KEY_FIELDS = (
     "cpu_features",
     "cpu_id",
     "cpu_capability",
+    "cpu_isa_limits",
+)
+#: Environment variables that hold the CPU kernels below what the CPU has: oneDNN's (bf16, fp16 and int8
+#: matmuls, PT2E int8 compiled by Inductor), FBGEMM's (PyTorch's dynamic int8) and ATen's own dispatch.
+#: Set, they are part of the environment, and ``cpu_features`` keeps only what oneDNN may use.
+ISA_LIMITS = ("ONEDNN_MAX_CPU_ISA", "FBGEMM_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY")
+#: oneDNN's ``ONEDNN_MAX_CPU_ISA`` levels, lowest first, with the x86 flags each one adds.
+_ONEDNN_LEVELS: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
+    (("SSE41", "AVX"), ()),
+    (("AVX2",), ("avx2", "fma", "f16c")),
+    (("AVX2_VNNI", "AVX2_VNNI_2"), ("avx_vnni",)),
+    (("AVX512_CORE",), ("avx512f", "avx512bw", "avx512vl")),
+    (("AVX512_CORE_VNNI",), ("avx512_vnni",)),
+    (("AVX512_CORE_BF16",), ("avx512_bf16",)),
+    (("AVX512_CORE_FP16", "AVX10_1_512"), ("avx512_fp16",)),
+    (("AVX512_CORE_AMX", "AVX10_1_512_AMX"), ("amx_tile", "amx_int8", "amx_bf16")),
+    (("AVX512_CORE_AMX_FP16", "AVX10_1_512_AMX_FP16"), ("amx_fp16",)),
 )
 #: The CPU flags that decide which kernels oneDNN, FBGEMM, MLAS and Inductor choose, as Linux names them
 #: in /proc/cpuinfo: x86 vector widths and their int8 (VNNI), bf16 and fp16 instructions and AMX
@@ -77,12 +94,33 @@ def fingerprint(device: str, threads: int) -> dict[str, Any]:
         "cpu_features": cpu_features(cpuinfo),
         "cpu_id": cpu_id(cpuinfo),
         "cpu_capability": _cpu_capability(),
+        "cpu_isa_limits": isa_limits(),
     }
 
 
 def host_cpu() -> tuple[str | None, str | None]:
-    """This CPU's ``KERNEL_FEATURES`` (space-separated) and torch's dispatch level, as ``fingerprint`` records them."""
+    """This CPU's ``KERNEL_FEATURES`` (space-separated) and torch's dispatch level, as ``fingerprint`` records
+    them: what the kernels may use, under ``ONEDNN_MAX_CPU_ISA`` when that holds them lower."""
     return cpu_features(_cpuinfo()), _cpu_capability()
+
+
+def isa_limits() -> str | None:
+    """The ``ISA_LIMITS`` set in this process ("ONEDNN_MAX_CPU_ISA=AVX2, ..."), None when none is."""
+    said = [f"{name}={os.environ[name]}" for name in ISA_LIMITS if os.environ.get(name)]
+    return ", ".join(said) or None
+
+
+def _onednn_allows(flag: str) -> bool:
+    """Whether ``ONEDNN_MAX_CPU_ISA`` (unset or unknown: everything) lets oneDNN use x86 ``flag``."""
+    limit = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "ALL").upper()
+    levels = [names for names, _ in _ONEDNN_LEVELS]
+    reached = next((k for k, names in enumerate(levels) if limit in names), None)
+    if reached is None:
+        return True
+    for k, (_, flags) in enumerate(_ONEDNN_LEVELS):
+        if flag in flags:
+            return k <= reached
+    return True  # not an x86 level flag (Arm's)
 
 
 def _cpuinfo() -> dict[str, str]:
@@ -106,9 +144,10 @@ def parse_cpuinfo(text: str) -> dict[str, str]:
 
 
 def cpu_features(cpuinfo: dict[str, str]) -> str | None:
-    """The ``KERNEL_FEATURES`` the CPU has, space-separated in that order; None when none are listed."""
+    """The ``KERNEL_FEATURES`` the CPU has and oneDNN may use (``ONEDNN_MAX_CPU_ISA``), space-separated in
+    that order; None when none are listed."""
     flags = set((cpuinfo.get("flags") or cpuinfo.get("Features") or "").split())
-    present = [name for name in KERNEL_FEATURES if name in flags]
+    present = [name for name in KERNEL_FEATURES if name in flags and _onednn_allows(name)]
     return " ".join(present) or None
 
 
