@@ -28,7 +28,7 @@ from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
 
 from pareto.compress import Config, Technique, get_technique, registry
-from pareto.compress.base import conflict
+from pareto.compress.base import Pairs, conflict
 from pareto.naming import Backend, SamplerName
 from pareto.spec import Range, Search, StartPoint
 
@@ -54,8 +54,10 @@ def make_sampler(
     techniques: Techniques | None = None,
     grid_points: int = DEFAULT_GRID_POINTS,
     backends: Sequence[Backend] = ("eager",),
+    conflicts: Pairs = frozenset(),
 ) -> BaseSampler:
-    """The Optuna sampler called ``name`` (one of ``SAMPLERS``); the grid needs the space."""
+    """The Optuna sampler called ``name`` (one of ``SAMPLERS``); the grid needs the space (and the pairs
+    of techniques this install cannot run together, which it skips)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         if name == "tpe":
@@ -75,7 +77,7 @@ def make_sampler(
         if name == "qmc":
             return optuna.samplers.QMCSampler(qmc_type="sobol", scramble=True, seed=seed)
         if name == "grid":
-            return GridSampler(grid(batch_sizes, techniques or {}, grid_points, backends), seed=seed)
+            return GridSampler(grid(batch_sizes, techniques or {}, grid_points, backends, conflicts), seed=seed)
     raise ValueError(f"unknown sampler {name!r}; known: {', '.join(SAMPLERS)}")
 
 
@@ -86,13 +88,15 @@ def suggest(
     *,
     flat: bool = False,
     backends: Sequence[Backend] = ("eager",),
+    conflicts: Pairs = frozenset(),
 ) -> Config:
     """Draw one configuration (see the module's docstring for ``flat``).
 
     Unless ``backends`` is eager alone, the backend is drawn first (parameter ``backend``) and only the
     techniques that run on it are drawn (``flat``: all are drawn, those that do not run on it are
     left out of the configuration); a queued baseline (user attribute ``pareto_baseline``) is always
-    the uncompressed model on eager.
+    the uncompressed model on eager. Two techniques that cannot share a configuration (``excludes``, or
+    one of the ``conflicts`` of this install) are never drawn together.
     """
     batch_size = trial.suggest_categorical("batch_size", list(batch_sizes))
     if "pareto_baseline" in trial.user_attrs:
@@ -106,7 +110,7 @@ def suggest(
         runs_here = backend in registry()[name].backends
         # one that cannot share a configuration with a technique already on is not drawn (conditional:
         # its switch exists only when it could be on), or drawn and ignored (flat)
-        fits = conflict([t.name for t in chosen] + [name]) is None
+        fits = conflict([t.name for t in chosen] + [name], conflicts) is None
         if not (
             (runs_here and fits) or flat
         ):  # flat: drawn all the same (and ignored): every trial has every parameter
@@ -144,8 +148,10 @@ def grid(
     techniques: Techniques,
     points: int = DEFAULT_GRID_POINTS,
     backends: Sequence[Backend] = ("eager",),
+    conflicts: Pairs = frozenset(),
 ) -> list[dict[str, Any]]:
-    """Every distinct configuration of the space's steps, as Optuna parameters (conditional form).
+    """Every distinct configuration of the space's steps, as Optuna parameters (conditional form); none
+    with two techniques that cannot share a configuration (``excludes``, or this install's ``conflicts``).
 
     A technique contributes "off" plus one entry per combination of its parameters' values; with
     several backends, each backend with the techniques that run on it.
@@ -163,7 +169,7 @@ def grid(
         for batch_size in batch_sizes:
             for parts in itertools.product(*per_technique):
                 switched_on = [name for part in parts for name, on in part.items() if "." not in name and on is True]
-                if conflict(switched_on) is not None:
+                if conflict(switched_on, conflicts) is not None:
                     continue  # two techniques that cannot share a configuration
                 params: dict[str, Any] = {"batch_size": batch_size}
                 if tuple(backends) != ("eager",):
@@ -175,15 +181,18 @@ def grid(
 
 
 def space_size(
-    batch_sizes: Sequence[int], techniques: Techniques, backends: Sequence[Backend] = ("eager",)
+    batch_sizes: Sequence[int],
+    techniques: Techniques,
+    backends: Sequence[Backend] = ("eager",),
+    conflicts: Pairs = frozenset(),
 ) -> int | None:
     """How many distinct configurations the space holds; None when a range has no step (unbounded).
     Combinations of techniques that cannot share a configuration are not counted."""
-    if _has_conflicts(techniques):
+    if _has_conflicts(techniques, conflicts):
         bounded = all(
             s.step is not None for space in techniques.values() for s in space.values() if isinstance(s, Range)
         )
-        return len(grid(batch_sizes, techniques, backends=backends)) if bounded else None
+        return len(grid(batch_sizes, techniques, backends=backends, conflicts=conflicts)) if bounded else None
     overall = 0
     for backend in backends:
         total = len(batch_sizes)
@@ -201,9 +210,9 @@ def space_size(
     return overall
 
 
-def _has_conflicts(techniques: Techniques) -> bool:
+def _has_conflicts(techniques: Techniques, conflicts: Pairs = frozenset()) -> bool:
     names = list(techniques)
-    return any(conflict([a, b]) is not None for i, a in enumerate(names) for b in names[i + 1 :])
+    return any(conflict([a, b], conflicts) is not None for i, a in enumerate(names) for b in names[i + 1 :])
 
 
 def _runs_on(techniques: Techniques, backend: Backend) -> Techniques:
@@ -276,13 +285,20 @@ def _low_end(distribution: BaseDistribution) -> Any:
 
 
 def start_trial(
-    point: StartPoint, batch_sizes: Sequence[int], techniques: Techniques, backends: Sequence[Backend]
+    point: StartPoint,
+    batch_sizes: Sequence[int],
+    techniques: Techniques,
+    backends: Sequence[Backend],
+    conflicts: Pairs = frozenset(),
 ) -> tuple[Config, dict[str, Any]] | None:
     """A start point (``search.start_with``) as its configuration and the parameters ``suggest`` draws
     for it (for ``optuna.Study.enqueue_trial``); None when one of its techniques, its backend or its
-    batch size is not in this search (cannot run here, or narrowed on the command line)."""
+    batch size is not in this search (cannot run here, or narrowed on the command line), or two of its
+    techniques cannot run together on this install."""
     batch_size = point.batch_size or batch_sizes[0]
     if point.backend not in backends or not set(point.techniques) <= set(techniques) or batch_size not in batch_sizes:
+        return None
+    if conflict(list(point.techniques), conflicts) is not None:
         return None
     params: dict[str, Any] = {"batch_size": batch_size}
     if tuple(backends) != ("eager",):

@@ -142,3 +142,37 @@ def test_a_null_choice_is_drawn_as_the_parameter_left_at_its_default() -> None:
         "prune_structured(ratio=0.5) @ batch 32",
         "prune_structured(ratio=0.5,width_ratio=0.25) @ batch 32",
     }
+
+
+def test_pairs_this_install_cannot_run_are_never_drawn_and_the_grid_skips_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pareto.compress import quantize
+    from pareto.compress.base import install_conflicts
+
+    space = {"bf16": {}, "int8_dynamic": {}, "lowrank": {"rank_ratio": [0.25]}}
+    # torchao takes a cast model: the pair runs, unless the space pins torch.ao's eager kernels
+    assert install_conflicts(space, "cpu") == []
+    pinned = {**space, "int8_dynamic": {"kernels": ["torch.ao"]}}
+    [(a, b, why)] = install_conflicts(pinned, "cpu")
+    assert {a, b} == {"bf16", "int8_dynamic"} and "needs float32 linear layers" in why
+    # without torchao, every choice is torch.ao's
+    monkeypatch.setattr(quantize, "_torchao_reason", lambda name: "needs torchao")
+    [(a, b, why)] = install_conflicts(space, "cpu")
+    assert {a, b} == {"bf16", "int8_dynamic"} and "torchao" in why
+    pairs = frozenset({frozenset((a, b))})
+    points = grid([8], space, conflicts=pairs)
+    assert not any(p["bf16"] and p["int8_dynamic"] for p in points)
+    assert len(points) == len(grid([8], space)) - 2  # bf16 + int8, with and without low-rank
+    assert space_size([8], space, conflicts=pairs) == len(points)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    for _ in range(60):
+        trial = study.ask()
+        names = {t.name for t in suggest(trial, [8], space, conflicts=pairs).techniques}
+        assert not {"bf16", "int8_dynamic"} <= names
+        study.tell(trial, 0.0)
+    from pareto.samplers import start_trial
+    from pareto.spec import StartPoint
+
+    both = StartPoint(techniques={"bf16": {}, "int8_dynamic": {}})
+    assert start_trial(both, [8], space, ("eager",), pairs) is None

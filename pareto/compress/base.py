@@ -68,6 +68,13 @@ class Technique(BaseModel):
         """
         return None
 
+    @classmethod
+    def pair_reason(cls, other: str, device: str, space: dict[str, Any]) -> str | None:
+        """Why this technique, searched over ``space`` (its parameters' choices), cannot share a configuration
+        with technique ``other`` on ``device`` with the libraries installed here, or None. Pairs that never
+        run together anywhere are ``excludes``; this is for what the install decides."""
+        return None
+
     def backend(self, device: str) -> str | None:
         """The library whose kernels this technique would use on ``device`` (e.g. "torchao"), if it says."""
         return None
@@ -99,14 +106,35 @@ def canonical_key(technique: Technique | type[Technique]) -> tuple[int, int, str
     return (CANONICAL_ORDER.index(technique.family), technique.order_in_family, technique.name)
 
 
-def conflict(names: list[str]) -> tuple[str, str] | None:
-    """The first pair of ``names`` that cannot share a configuration (``Technique.excludes``), or None."""
+#: Pairs of technique names that cannot share a configuration on this install (``install_conflicts``).
+Pairs = frozenset[frozenset[str]]
+
+
+def conflict(names: list[str], extra: Pairs = frozenset()) -> tuple[str, str] | None:
+    """The first pair of ``names`` that cannot share a configuration (``Technique.excludes``, or one of the
+    ``extra`` pairs this install adds), or None."""
     techniques = registry()
     for i, a in enumerate(names):
         for b in names[i + 1 :]:
-            if b in techniques[a].excludes or a in techniques[b].excludes:
+            if b in techniques[a].excludes or a in techniques[b].excludes or frozenset((a, b)) in extra:
                 return a, b
     return None
+
+
+def install_conflicts(space: dict[str, dict[str, Any]], device: str) -> list[tuple[str, str, str]]:
+    """The pairs of a search space's techniques that cannot run together on this install, though each can
+    alone (``Technique.pair_reason``): ``(a, b, why)``, never drawn together and skipped by the grid."""
+    techniques = registry()
+    names = list(space)
+    found = []
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            if conflict([a, b]) is not None:
+                continue  # never together anywhere
+            why = techniques[a].pair_reason(b, device, space[a]) or techniques[b].pair_reason(a, device, space[b])
+            if why is not None:
+                found.append((a, b, why))
+    return found
 
 
 def register(cls: type[Technique]) -> type[Technique]:

@@ -1,7 +1,7 @@
 """Quantization family: int8 dynamic, int8 and int4 weight-only, fp16 and bf16.
 
-Integer quantization goes through torchao's ``quantize_`` where torchao is installed (the optional
-extra ``pareto-slo[torchao]``); without it, int8 dynamic falls back to PyTorch's deprecated eager
+Integer quantization goes through torchao's ``quantize_`` (a dependency of pareto); where it does not
+import (a torchao built for another torch), int8 dynamic falls back to PyTorch's deprecated eager
 ``torch.ao.quantization.quantize_dynamic`` (CPU only) and the weight-only variants are unavailable.
 Within the family, names sort casts (bf16, fp16) before integer quantization, which is also the
 order that works: torchao's weight-only kernels run on bfloat16 models.
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 #: Quantized engines that ship int8 dynamic linear kernels.
 _INT8_ENGINES = ("x86", "fbgemm", "qnnpack")
 
-TORCHAO_HINT = "needs torchao (pip install 'pareto-slo[torchao]')"
+TORCHAO_HINT = "needs torchao, which pareto installs (pip install torchao)"
 
 
 def _quantize_dynamic() -> Callable[..., Any] | None:
@@ -193,6 +193,21 @@ class Int8Dynamic(Technique):
                 return "torch.ao's int8 dynamic kernels run on the CPU only; on CUDA use kernels=torchao."
             return f"int8 dynamic quantization runs on the CPU only without torchao; on CUDA it {TORCHAO_HINT}."
         return self._eager_reason()
+
+    @classmethod
+    def pair_reason(cls, other: str, device: str, space: dict[str, Any]) -> str | None:
+        """After a cast (bf16, fp16), every kernels choice of ``space`` that would take torch.ao's eager
+        int8 (which needs float32 linears) fails here: torchao, which takes a cast model, absent or chosen
+        against."""
+        if other not in ("bf16", "fp16"):
+            return None
+        choices = space.get("kernels", [None])
+        choices = choices if isinstance(choices, list) else [choices]
+        torchao = _torchao_reason("Int8DynamicActivationInt8WeightConfig") is None
+        if any(kernels == "torchao" or (kernels is None and torchao) for kernels in choices):
+            return None
+        instead = "choose kernels=torchao" if torchao else f"int8 on a cast model {TORCHAO_HINT}"
+        return f"PyTorch's eager int8 dynamic quantization needs float32 linear layers ({instead})"
 
     @staticmethod
     def _eager_reason() -> str | None:
