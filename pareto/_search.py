@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import time
 import warnings
 from dataclasses import dataclass
@@ -40,14 +41,16 @@ from pareto._studies import (
 )
 from pareto.assess import Rejected, assess, preflight, remeasured, round_plan
 from pareto.compress import BACKENDS, Backend, Config, backend_reason, get_technique
+from pareto.compress.base import Pairs, install_conflicts
 from pareto.compress.pipeline import technique_reason
 from pareto.confirmation import ConfirmResult, confirm_pick, load_candidates
-from pareto.errors import BaselineFailed, MachineBusy, NoFeasibleConfiguration, TechniqueError, UsageError
+from pareto.errors import BaselineFailed, MachineBusy, NoEffect, NoFeasibleConfiguration, TechniqueError, UsageError
 from pareto.frontier import (
     Candidate,
     Constraints,
     best_or_none,
     constraint_gaps,
+    constraint_names,
     frontier,
     judged,
     objective_metrics,
@@ -59,6 +62,7 @@ from pareto.metrics import Metrics
 from pareto.samplers import FLAT, make_sampler, space_size, start_trial, suggest
 from pareto.samplers import grid as grid_of
 from pareto.search_result import SearchResult, TrialOutcome
+from pareto.space_checks import steer_space
 from pareto.spec import Range, SearchSpec, Space, start_point_problem
 from pareto.store import queries, trials
 from pareto.store.engine import check_path, session_scope
@@ -116,6 +120,8 @@ class SearchSetup:
     baseline_theoretical_bytes: int
     #: where the configurations are served and measured (the baseline is always eager)
     backends: tuple[Backend, ...] = ("eager",)
+    #: pairs of techniques this install cannot run together (never drawn together, skipped by the grid)
+    conflicts: Pairs = frozenset()
 
 
 def run_search(spec: SearchSpec, *, db_url: str, reporter: Reporter | None = None) -> SearchResult:
@@ -171,6 +177,19 @@ def prepare(spec: SearchSpec, db_url: str, reporter: Reporter) -> SearchSetup:
         previous = stored_sampler(session, spec.study_name)
         study_row = get_or_create_study(session, spec)
         study_id, stored = study_row.id, len(study_row.trials)
+    batch_sizes = spec.space.batch_size or [task.batch_size]
+    techniques = steer_space(
+        bench,
+        study_id,
+        techniques,
+        backends=backends,
+        batch_size=batch_sizes[0],
+        keep=spec.search.keep,
+        notice=reporter.notice,
+    )
+    conflicts = install_conflicts(techniques, bench.device)
+    for a, b, why in conflicts:
+        reporter.notice(f"Never drawing {a} with {b} here: {why}.")
     if previous is not None and previous != spec.search.sampler:
         reporter.notice(
             f"Study {spec.study_name!r} was searched with the {previous} sampler; this run continues it with "
@@ -185,11 +204,12 @@ def prepare(spec: SearchSpec, db_url: str, reporter: Reporter) -> SearchSetup:
         bench=bench,
         study_id=study_id,
         stored=stored,
-        batch_sizes=spec.space.batch_size or [task.batch_size],
+        batch_sizes=batch_sizes,
         techniques=techniques,
         constraints=constraints_of(spec),
         baseline_theoretical_bytes=theoretical_bytes(task.model),
         backends=backends,
+        conflicts=frozenset(frozenset((a, b)) for a, b, _ in conflicts),
     )
 
 
@@ -234,6 +254,7 @@ def optuna_study(setup: SearchSetup, db_url: str) -> optuna.Study:
         techniques=setup.techniques,
         grid_points=search.grid_points,
         backends=setup.backends,
+        conflicts=setup.conflicts,
     )
     study = optuna.create_study(
         study_name=setup.spec.study_name,
@@ -263,7 +284,7 @@ def preflight_baseline(setup: SearchSetup, study: optuna.Study) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # Optuna's note that heartbeats go with optimize()
             trial = study.ask()
-        config = suggest(trial, setup.batch_sizes, setup.techniques, backends=setup.backends)
+        config = suggest(trial, setup.batch_sizes, setup.techniques, backends=setup.backends, conflicts=setup.conflicts)
         with session_scope(setup.bench.engine) as session:
             trials.add_trial(
                 session, trial_row(setup, trial.number, config, state="FAILED", error=str(exc), finished_at=utcnow())
@@ -337,7 +358,7 @@ def enqueue_start(setup: SearchSetup, study: optuna.Study) -> int:
     }
     queued = 0
     for point in setup.spec.search.start_with:
-        start = start_trial(point, setup.batch_sizes, setup.techniques, setup.backends)
+        start = start_trial(point, setup.batch_sizes, setup.techniques, setup.backends, setup.conflicts)
         if start is None:
             continue  # a technique or backend this search left out (the reason was said then)
         config, params = start
@@ -399,7 +420,7 @@ def _optimize(setup: SearchSetup, run: RunHandle, study: optuna.Study, reporter:
     failed: a repeat of one measured already is answered from the database, and a trial the contention
     guard gave up on measured nothing; neither counts), the timeout, Ctrl-C, a machine that stays
     busy, the uncompressed model's own trial failing, or nothing new left to propose."""
-    objective = _Objective(setup, run)
+    objective = _Objective(setup, run, reporter)
     after = _AfterTrial(setup, run, objective, reporter)
     timeout = setup.spec.search.timeout / 1000 if setup.spec.search.timeout else None
     reporter.start(
@@ -491,10 +512,10 @@ def _space_size(setup: SearchSetup) -> int | None:
     None when unbounded (a range without a step)."""
     if setup.spec.search.sampler == "grid":
         size: int | None = len(
-            grid_of(setup.batch_sizes, setup.techniques, setup.spec.search.grid_points, setup.backends)
+            grid_of(setup.batch_sizes, setup.techniques, setup.spec.search.grid_points, setup.backends, setup.conflicts)
         )
     else:
-        size = space_size(setup.batch_sizes, setup.techniques, setup.backends)
+        size = space_size(setup.batch_sizes, setup.techniques, setup.backends, setup.conflicts)
     return size + len(setup.batch_sizes) if size is not None and "eager" not in setup.backends else size
 
 
@@ -581,85 +602,122 @@ def search_result(
 class _Objective:
     """One Optuna trial: suggest, answer a repeat from the database or measure, store, report."""
 
-    def __init__(self, setup: SearchSetup, run: RunHandle) -> None:
-        self.setup, self.run = setup, run
+    def __init__(self, setup: SearchSetup, run: RunHandle, reporter: Reporter) -> None:
+        self.setup, self.run, self.reporter = setup, run, reporter
         self.bench = setup.bench
         self.last: TrialOutcome | None = None
         self.flat = setup.spec.search.sampler in FLAT
 
     def __call__(self, trial: optuna.Trial) -> tuple[float, ...]:
         config = suggest(
-            trial, self.setup.batch_sizes, self.setup.techniques, flat=self.flat, backends=self.setup.backends
+            trial,
+            self.setup.batch_sizes,
+            self.setup.techniques,
+            flat=self.flat,
+            backends=self.setup.backends,
+            conflicts=self.setup.conflicts,
         )
         row_id, twin = self._start(trial, config)
-        if twin is not None:
-            # a repeat: answered from the database and not counted. A measured one is reported to the
-            # sampler with its stored values again (a model-based sampler then knows where it stands;
-            # shown as pruned instead, a Gaussian process loses the point and keeps proposing it), one
-            # rejected early goes back as pruned, as it did the first time.
-            number, metrics, lower = twin
-            trial.set_user_attr("duplicate_of", number)
-            outcome = TrialOutcome(trial.number, "DUPLICATE", config.describe(), metrics, repeat_of=number)
-            if metrics:
-                return self._finish(trial, outcome)
-            self.last = outcome
-            slo = self.setup.spec.slo.p99_ms
-            if lower is not None and slo is not None:
-                # the constraint the first time proved, again: pruned without it, TPE counts the trial
-                # as feasible and may propose the same configuration over and over
-                trial.set_constraint("p99_ms", (lower - slo) / slo)
-            raise optuna.TrialPruned(f"same configuration as trial {number}, rejected early already")
+        while twin is None:
+            try:
+                result = self._assess(config)
+            except NoEffect as exc:
+                # a technique that changed nothing after the ones before it: the configuration is its
+                # smaller twin, measured as that (or answered as a repeat of it)
+                config, note = config.without(exc.technique), str(exc)
+                twin = self._retarget(trial, row_id, config, note)
+                continue
+            except Rejected as exc:
+                slo = self.setup.spec.slo.p99_ms
+                assert slo is not None
+                self._reject(row_id, trial, config, exc, slo)
+                raise optuna.TrialPruned(str(exc)) from None
+            except TechniqueError as exc:
+                return self._failed(row_id, trial, config, exc)
+            except BaseException as exc:
+                self._end(row_id, trial, config, exc)
+                raise
+            self._store(row_id, result)
+            outcome = TrialOutcome(trial.number, "COMPLETE", config.describe(), result.metrics.to_dict())
+            return self._finish(trial, outcome)
+        return self._repeat(trial, config, twin)
+
+    def _assess(self, config: Config) -> Any:
+        """Measure ``config``, rejected early against the SLO unless it is the baseline.
+
+        Raises:
+            TechniqueError (NoEffect when a technique changed nothing), Rejected, MachineBusy.
+        """
         slo = self.setup.spec.slo.p99_ms
-        reject = slo if self.setup.spec.search.early_reject and not config.is_baseline else None
-        try:
-            result = assess(
-                self.bench.task,
-                config,
-                device=self.bench.device,
-                threads=self.bench.threads,
-                measure=self.setup.spec.measure,
-                slo_ms=self.setup.spec.slo.p99_ms,
-                profile=self.bench.profile,
-                baseline_theoretical_bytes=self.setup.baseline_theoretical_bytes,
-                probe=self.run.probe,
-                reject_above_ms=reject,
-            )
-        except Rejected as exc:
-            assert slo is not None
-            self._reject(row_id, trial, config, exc, slo)
-            raise optuna.TrialPruned(str(exc)) from None
-        except BaseException as exc:
-            self._end(row_id, trial, config, exc)
-            raise
+        result = assess(
+            self.bench.task,
+            config,
+            device=self.bench.device,
+            threads=self.bench.threads,
+            measure=self.setup.spec.measure,
+            slo_ms=slo,
+            profile=self.bench.profile,
+            baseline_theoretical_bytes=self.setup.baseline_theoretical_bytes,
+            probe=self.run.probe,
+            reject_above_ms=slo if self.setup.spec.search.early_reject and not config.is_baseline else None,
+        )
         unmeasured = [
             metric
             for metric, _ in objective_metrics(self.setup.spec.objectives)
             if objective_value(result.metrics.to_dict(), metric) is None
         ]
         if unmeasured:  # failed as a whole, in both tables, before anything is stored as complete
-            error = TechniqueError(f"objective {', '.join(unmeasured)} could not be measured for this configuration")
-            self._end(row_id, trial, config, error)
-            raise error
-        self._store(row_id, result)
-        return self._finish(trial, TrialOutcome(trial.number, "COMPLETE", config.describe(), result.metrics.to_dict()))
+            raise TechniqueError(f"objective {', '.join(unmeasured)} could not be measured for this configuration")
+        return result
+
+    def _repeat(self, trial: optuna.Trial, config: Config, twin: Twin) -> tuple[float, ...]:
+        """A repeat: answered from the database and not counted. A measured one is reported to the sampler
+        with its stored values again (a model-based sampler then knows where it stands; shown as pruned
+        instead, a Gaussian process loses the point and keeps proposing it); one that broke here, as
+        infeasible again; one rejected early goes back as pruned, as it did the first time."""
+        trial.set_user_attr("duplicate_of", twin.number)
+        description = config.describe()
+        if twin.failed is not None:
+            note = f"repeat of trial {twin.number}, which failed here: {twin.failed.rstrip('.')}; not built again"
+            return self._infeasible(trial, TrialOutcome(trial.number, "DUPLICATE", description, {}, note, twin.number))
+        outcome = TrialOutcome(trial.number, "DUPLICATE", description, twin.metrics, repeat_of=twin.number)
+        if twin.metrics:
+            return self._finish(trial, outcome)
+        self.last = outcome
+        slo = self.setup.spec.slo.p99_ms
+        if twin.p99_lower_ms is not None and slo is not None:
+            # the constraint the first time proved, again: pruned without it, TPE counts the trial
+            # as feasible and may propose the same configuration over and over
+            trial.set_constraint("p99_ms", (twin.p99_lower_ms - slo) / slo)
+        raise optuna.TrialPruned(f"same configuration as trial {twin.number}, rejected early already")
 
     def _start(self, trial: optuna.Trial, config: Config) -> tuple[int, Twin | None]:
         """Store the trial as RUNNING; when the same configuration was measured here, mark it a duplicate."""
         with session_scope(self.bench.engine) as session:
             row_id = trials.add_trial(session, trial_row(self.setup, trial.number, config))
-        twin = self._twin(trial, config.key(), row_id)
-        if twin is None:
-            return row_id, None
+        return row_id, self._duplicate_of(trial, row_id, config.key())
+
+    def _retarget(self, trial: optuna.Trial, row_id: int, config: Config, note: str) -> Twin | None:
+        """The trial's row becomes ``config`` (a technique that changed nothing left out); its twin, if any."""
         with session_scope(self.bench.engine) as session:
-            trials.finish_trial(
-                session, row_id, "DUPLICATE", f"same configuration as trial {twin.number}; not measured again"
+            trials.retarget_trial(
+                session, row_id, config=config.to_dict(), key=config.key(), description=config.describe()
             )
-        return row_id, twin
+        self.reporter.notice(f"Trial {trial.number}: {note.rstrip('.')}; measured as {config.describe()}.")
+        return self._duplicate_of(trial, row_id, config.key())
+
+    def _duplicate_of(self, trial: optuna.Trial, row_id: int, key: str) -> Twin | None:
+        twin = self._twin(trial, key, row_id)
+        if twin is not None:
+            reason = f"same configuration as trial {twin.number}; not measured again"
+            with session_scope(self.bench.engine) as session:
+                trials.finish_trial(session, row_id, "DUPLICATE", reason)
+        return twin
 
     def _twin(self, trial: optuna.Trial, key: str, row_id: int) -> Twin | None:
-        """The measurement of the same configuration here: stored already, rejected early against an SLO
-        at least as tight as this run's, or being measured by another worker that started it first
-        (waited for, so that no configuration is measured twice)."""
+        """The measurement of the same configuration here: stored already, broken here, rejected early
+        against an SLO at least as tight as this run's, or being measured by another worker that
+        started it first (waited for, so that no configuration is measured twice)."""
         deadline = time.monotonic() + TWIN_WAIT_S
         while True:
             with session_scope(self.bench.engine) as session:
@@ -667,6 +725,9 @@ class _Objective:
                 earlier = trials.measured_twin(session, study_id, env_id, key, row_id)
                 if earlier is not None:
                     return Twin(earlier.trial.optuna_number, Metrics.from_row(earlier).to_dict(), None)
+                failed = trials.failed_twin(session, study_id, env_id, key, row_id)
+                if failed is not None:
+                    return Twin(failed[0], {}, None, failed=failed[1])
                 rejected = _rejected_twin(session, self.setup, key, row_id)
                 if rejected is not None:
                     return rejected
@@ -676,12 +737,37 @@ class _Objective:
             time.sleep(TWIN_POLL_S)
             fail_stale_trials(trial.study)  # a twin whose worker died is failed (and retried) here
 
+    def _failed(self, row_id: int, trial: optuna.Trial, config: Config, exc: TechniqueError) -> tuple[float, ...]:
+        """The configuration broke here: FAILED with its reason and known from now on (a repeat is answered
+        with it, never built again); the sampler is told it is infeasible. The uncompressed model's own
+        failure is told as a failure: the search stops on it."""
+        self._end(row_id, trial, config, exc)
+        if config.is_baseline:
+            raise exc
+        assert self.last is not None
+        return self._infeasible(trial, self.last)
+
+    def _infeasible(self, trial: optuna.Trial, outcome: TrialOutcome) -> tuple[float, ...]:
+        """Tell the sampler that ``outcome``'s configuration cannot run here: a complete trial (the only kind
+        the Gaussian process and NSGA-II learn from) whose every constraint is violated and whose values
+        are the worst the study has seen (``failed_values``), marked ``pareto_failed`` for Optuna's tools."""
+        self.last = outcome
+        values = failed_values(trial.study, len(self.setup.spec.objectives))
+        if values is None:  # nothing measured yet to compare with: told as a failure
+            raise TechniqueError(outcome.error or "the configuration failed")
+        trial.set_user_attr("pareto_failed", outcome.error or True)
+        for name, gap in failure_gaps(self.setup.constraints).items():
+            trial.set_constraint(name, gap)
+        return values
+
     def _end(self, row_id: int, trial: optuna.Trial, config: Config, exc: BaseException) -> None:
-        """A trial that did not complete: FAILED with its reason, or BUSY (no verdict, never shown to the sampler)."""
+        """A trial that did not complete: FAILED with its reason (known when the configuration itself broke:
+        a ``TechniqueError``), or BUSY (no verdict, never shown to the sampler)."""
         state = "BUSY" if isinstance(exc, MachineBusy) else "FAILED"
         reason = str(exc) if isinstance(exc, (TechniqueError, MachineBusy)) else _interrupted(exc)
+        known = isinstance(exc, TechniqueError) and not config.is_baseline
         with session_scope(self.bench.engine) as session:
-            trials.finish_trial(session, row_id, state, reason)
+            trials.finish_trial(session, row_id, state, reason, config_failed=known)
         self.last = TrialOutcome(trial.number, state, config.describe(), error=reason, baseline=config.is_baseline)
 
     def _reject(self, row_id: int, trial: optuna.Trial, config: Config, exc: Rejected, slo_ms: float) -> None:
@@ -719,6 +805,30 @@ class _Objective:
         )
 
 
+def failed_values(study: optuna.Study, n_objectives: int) -> tuple[float, ...] | None:
+    """The values a configuration that cannot run is told to the sampler with: on each objective the worst
+    any complete trial of the study holds (the lowest of a maximized one, the highest of a minimized
+    one), so that it dominates nothing; None when no trial is complete yet. The worst seen, not an
+    extreme, so that a Gaussian process's scaling of the values is left as it was."""
+    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.values]
+    if not done:
+        return None
+    worst = []
+    for k, direction in enumerate(study.directions[:n_objectives]):
+        values = [t.values[k] for t in done if not math.isnan(t.values[k])]
+        if not values:
+            return None
+        worst.append(min(values) if direction == optuna.study.StudyDirection.MAXIMIZE else max(values))
+    return tuple(worst)
+
+
+def failure_gaps(constraints: Constraints) -> dict[str, float]:
+    """The constraints of a configuration that cannot run: each limit the study has, violated by its whole
+    size (a relative gap of 1). Every complete trial carries the same names (the Gaussian process needs
+    that); a study without limits tells a failure by its worst values alone."""
+    return {name: 1.0 for name in constraint_names(constraints)}
+
+
 def _available_techniques(
     spec: SearchSpec, device: str, task: Task, backends: tuple[Backend, ...] = ("eager",)
 ) -> tuple[dict[str, dict[str, Any]], list[tuple[str, str]]]:
@@ -753,11 +863,12 @@ def _objective_value(metrics: dict[str, Any], metric: str) -> float:
 
 class Twin(NamedTuple):
     """An earlier trial of the same configuration here: its number, its stored metrics ({} when it was
-    rejected early), and then the P99 lower bound that rejected it."""
+    rejected early or broke), then the P99 lower bound that rejected it, or the reason it broke."""
 
     number: int
     metrics: dict[str, Any]
     p99_lower_ms: float | None
+    failed: str | None = None
 
 
 def _rejected_twin(session: Session, setup: SearchSetup, key: str, exclude_id: int) -> Twin | None:

@@ -29,6 +29,15 @@ class TechniqueError(ParetoError):
     """A compression technique that broke on a model; the trial fails with this reason stored."""
 
 
+class NoEffect(TechniqueError):
+    """A technique that would change nothing after the ones before it (low-rank that makes no layer
+    smaller): the configuration is its smaller twin, the same without ``technique``."""
+
+    def __init__(self, technique: str, message: str) -> None:
+        super().__init__(message)
+        self.technique = technique
+
+
 class BaselineFailed(ParetoError):
     """The uncompressed model cannot be built, run, evaluated or measured on the device: a search has
     nothing to compare its configurations against, so it stops (exit code 4)."""

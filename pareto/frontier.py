@@ -301,6 +301,17 @@ def constraint_gaps(metrics: dict[str, Any], constraints: Constraints) -> dict[s
     return gaps
 
 
+def constraint_names(constraints: Constraints) -> list[str]:
+    """The names ``constraint_gaps`` gives a trial under ``constraints``: one per limit set."""
+    limits = {
+        "p99_ms": constraints.p99_ms,
+        "min_accuracy": constraints.min_accuracy,
+        "max_memory_bytes": constraints.max_memory_bytes,
+        "min_throughput_per_s": constraints.min_throughput_per_s,
+    }
+    return [name for name, limit in limits.items() if limit is not None]
+
+
 def evaluate(metrics: dict[str, Any], constraints: Constraints) -> Judgement:
     """Judge stored metrics against the constraints (no side effects)."""
     gaps = constraint_gaps(metrics, constraints)

@@ -280,7 +280,8 @@ def _trial_line(outcome: TrialOutcome) -> str:
     if outcome.state == "PRUNED":
         return head + f"[yellow]rejected early[/]  {escape(outcome.description)}: {escape(outcome.error or '')}"
     if outcome.state == "DUPLICATE" and "accuracy" not in outcome.metrics:
-        note = f"repeat of trial {outcome.repeat_of}, rejected early there; not counted"
+        # one that broke there says so (its outcome's error); one rejected early there, that
+        note = f"{outcome.error or f'repeat of trial {outcome.repeat_of}, rejected early there'}; not counted"
         return head + f"{escape(outcome.description)}  [dim]({note})[/]"
     m = outcome.metrics
     line = (

@@ -224,6 +224,19 @@ class Search(_Strict):
     #: configurations measured first, in this order, before the sampler proposes (one each per
     #: environment: one tried here already is not queued again)
     start_with: list[StartPoint] = Field(default_factory=list)
+    #: CPU levers searched even where the lever probe times them slower than float32 on this machine
+    #: (``pareto.space_checks``): left out otherwise, with a notice
+    keep: list[str] = Field(default_factory=list)
+
+    @field_validator("keep")
+    @classmethod
+    def _known_levers(cls, value: list[str]) -> list[str]:
+        from pareto.compress.cpu import LEVERS
+
+        unknown = [name for name in value if name not in LEVERS]
+        if unknown:
+            raise ValueError(f"{unknown[0]!r} is not one of the CPU levers the probe judges ({', '.join(LEVERS)})")
+        return value
 
 
 class Measure(_Strict):
@@ -339,6 +352,8 @@ class SearchSpec(_Strict):
 DEFAULT_SPACE: dict[str, Any] = {
     "batch_size": None,
     "techniques": {
+        # a CPU lever: searched where the lever probe times it faster than float32 here (AMX, AVX-512 BF16)
+        "bf16": {},
         "int8_dynamic": {},
         "prune_unstructured": {"sparsity": {"low": 0.5, "high": 0.95}},
         "prune_structured": {"ratio": {"low": 0.2, "high": 0.9}},

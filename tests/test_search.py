@@ -35,6 +35,9 @@ def spec(**changes: object) -> SearchSpec:
         "space": SPACE,
     }
     data.update(changes)
+    # int8 on the tiny MLP's 64-wide layers is slower than float32 (the lever probe leaves it out): kept,
+    # as a user who wants it searched names it
+    data["search"] = {"keep": ["int8_dynamic"], **data["search"]}  # type: ignore[dict-item]
     return SearchSpec.model_validate(data)
 
 
@@ -95,22 +98,27 @@ def test_second_run_continues_the_study(db_url: str) -> None:
     assert kinds.count("baseline") == 1  # ...timed again at the start of the second run
 
 
-def test_failing_technique_fails_the_trial_and_the_search_goes_on(db_url: str) -> None:
+def test_a_technique_that_breaks_the_forward_is_left_out_before_the_first_trial(db_url: str) -> None:
+    notices: list[str] = []
+
+    class Collect(Quiet):
+        def notice(self, message: str) -> None:
+            notices.append(message)
+
     s = spec(
         task="tests.tiny_task:make_fragile_task",
         study="fragile",
         search={"n_trials": 4, "seed": 0, "sampler": "random"},
         space={"techniques": {"int8_dynamic": {}}},
     )
-    result = run_search(s, db_url=db_url)
-    # the baseline and int8 (failed): a failed configuration counts as tried, and that was the space
-    assert result.trials_run - result.repeats == 2 and result.exhausted and "all 2 configurations" in result.exhausted
+    result = run_search(s, db_url=db_url, reporter=Collect())
+    # int8 breaks the model's forward: found by the pre-flight, so the space is the baseline alone
+    assert result.trials_run == 1 and result.exhausted and "all 1 configurations" in result.exhausted
+    [said] = [n for n in notices if n.startswith("Leaving out int8_dynamic")]
+    assert "on its own it failed on this model" in said and "could not run" in said
     with session_scope(open_engine(db_url)) as session:
         trials = session.scalars(select(Trial)).all()
-    failed = [t for t in trials if t.state == "FAILED"]
-    assert failed, "random sampling over on/off should hit the technique at least once in 4 trials"
-    assert all("int8_dynamic" in t.error and "could not be measured" in t.error for t in failed)
-    assert any(t.state == "COMPLETE" for t in trials)
+    assert [t.state for t in trials] == ["COMPLETE"] and trials[0].is_baseline
 
 
 def test_unavailable_technique_is_skipped_once_with_the_reason(db_url: str) -> None:

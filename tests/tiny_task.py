@@ -135,3 +135,44 @@ def make_slowable_task() -> Task:
     task = make_task()
     task.model = _Slowed(task.model, float(os.environ.get("PARETO_TEST_SLOWDOWN_MS", "0")) / 1000).eval()
     return task
+
+
+class _CastsItsActivations(nn.Module):
+    """A model whose own code casts an activation to float32, as some real models do: bf16 and fp16 break it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden = nn.Linear(16, 64)
+        self.head = nn.Linear(64, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.hidden(x)).float())
+
+
+def make_cast_sensitive_task() -> Task:
+    """Every technique applies but a cast: bf16 breaks the model's forward, whatever it is combined with."""
+    torch.manual_seed(0)
+    return _task("cast-sensitive", _CastsItsActivations())
+
+
+class _GroupsItsWidth(nn.Module):
+    """A model that splits its hidden width into groups of 16 (as attention splits heads): structured
+    pruning that leaves a width off that multiple breaks it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden = nn.Linear(16, 64)
+        self.head = nn.Linear(64, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.hidden(x))
+        if h.shape[-1] % 16:
+            raise ValueError(f"the hidden width {h.shape[-1]} is not a multiple of 16")
+        return self.head(h)
+
+
+def make_width_sensitive_task() -> Task:
+    """Structured pruning to 48 or 32 units runs; to 40 or 24 it breaks the model (a failure of some
+    parameters of a technique that runs alone)."""
+    torch.manual_seed(0)
+    return _task("width-sensitive", _GroupsItsWidth())

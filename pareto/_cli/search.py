@@ -57,6 +57,13 @@ if TYPE_CHECKING:
     help="Where configurations are served and measured: eager, compile (torch.compile) or onnxruntime "
     "(ONNX export, ORT CPU); repeat it to let the sampler choose [default eager]. The baseline stays eager.",
 )
+@click.option(
+    "--keep",
+    "keep",
+    multiple=True,
+    help="A CPU lever (bf16, fp16, int8_dynamic, int8_static, ort_int8_dynamic, ort_int8_static) to search even "
+    "where the lever probe times it slower than float32 here; repeat it for several.",
+)
 @click.option("--device", help="auto, cpu, cuda or cuda:N [default auto].")
 @click.option("--threads", type=click.IntRange(min=1), help="Intra-op threads while timing [default torch's].")
 @click.option("--samples", type=click.IntRange(min=1), help="Fewest timed calls per trial [default 662].")
@@ -111,6 +118,7 @@ def command(
     overrides = {key: flags[flag] for key, flag in _SPEC_FLAGS.items()}
     overrides["objectives"] = flags["objectives"].split(",") if flags["objectives"] else None
     overrides["space.backend"] = list(flags["backends"]) or None
+    overrides["search.keep"] = list(flags["keep"]) or None
     spec = load_stored_spec(spec_json) if spec_json else load_spec(config_path, overrides)
     if flags["no_guard"]:
         spec = spec.model_copy(update={"measure": spec.measure.model_copy(update={"contention_limit": None})})
@@ -167,7 +175,7 @@ def _print_search(result: SearchResult) -> None:
             f"{count(new, 'new configuration')} tried with the {result.sampler} sampler: {result.measured} measured, "
             + (f"{failed} failed, " if failed else "")
             + f"{result.rejected} rejected early (P99 over the SLO after the first round: stored as pruned, "
-            f"accuracy not evaluated); {count(result.repeats, 'repeat')} of configurations measured already, "
+            f"accuracy not evaluated); {count(result.repeats, 'repeat')} of configurations tried already, "
             "answered from the database and not counted."
         )
     if result.busy:

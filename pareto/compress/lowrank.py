@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from pareto.compress.base import Family, Technique, register, round_up, width_multiple
 from pareto.devices import as_args
-from pareto.errors import TechniqueError
+from pareto.errors import NoEffect, TechniqueError
 
 if TYPE_CHECKING:
     from pareto.task import Task
@@ -74,13 +74,13 @@ class LowRank(Technique):
         """Return ``model`` with its ``nn.Linear`` layers swapped for factor pairs where that is smaller.
 
         Raises:
-            TechniqueError: no layer would get smaller at this rank ratio.
+            NoEffect: no layer would get smaller at this rank ratio (the configuration is the same without it).
         """
         head = output_linears(model, task) if self.keep_head else set()
         if type(model) is nn.Linear:
             factored = None if model in head else self._factorize(model)
             if factored is None:
-                raise TechniqueError(self._nothing_to_do())
+                raise NoEffect(self.name, self._nothing_to_do())
             return factored
         factorized = 0
         for parent in list(model.modules()):
@@ -94,7 +94,7 @@ class LowRank(Technique):
                     setattr(parent, child_name, factored)
                     factorized += 1
         if factorized == 0:
-            raise TechniqueError(self._nothing_to_do())
+            raise NoEffect(self.name, self._nothing_to_do())
         return model
 
     @torch.no_grad()

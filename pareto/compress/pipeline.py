@@ -61,6 +61,10 @@ class Config(BaseModel):
                 raise ValueError(f"{technique.name} runs on the {where} backend, not on {self.backend}")
         return self
 
+    def without(self, name: str) -> Config:
+        """The same configuration without technique ``name`` (its smaller twin)."""
+        return self.model_copy(update={"techniques": tuple(t for t in self.techniques if t.name != name)})
+
     @property
     def is_baseline(self) -> bool:
         return not self.techniques and self.backend == "eager"

@@ -1,0 +1,379 @@
+"""Before the first trial: what each technique of a search's space does on this model and this machine.
+
+Two checks, each stored per study and environment (``pareto_technique_checks``), so that a later run of
+the study, or another worker, reads them instead of taking them again:
+
+- **runs**: the technique alone, built on the task's model on the backend it would be served on, then one
+  forward on the example input (no timing). A technique that breaks the model on its own (a model whose
+  own code reads what the technique replaces or casts) leaves the space with one line saying why: the
+  search never spends a trial on it.
+- **pays** (the CPU's levers: casts and int8, ``pareto.compress.cpu.LEVERS``): the technique on one layer
+  of the task's widths (the ``nn.Linear`` that carries most of the model's FLOPs, fed the input it sees
+  in the model) timed in interleaved rounds beside the same layer in float32 on the same backend. A
+  lever slower than float32 on every backend of the search leaves the space with one line (the CPU's
+  facts in it, as ``pareto techniques`` says them), unless ``search.keep`` names it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pareto.compress import BACKENDS, Backend, Config, apply, get_technique, registry
+from pareto.compress.cpu import LEVERS, on_this_cpu
+from pareto.errors import NoEffect, TechniqueError, exception_line
+from pareto.spec import Range
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from pareto._runs import Bench
+    from pareto.task import Task
+
+Techniques = dict[str, dict[str, Any]]
+#: The lever probe's timing: calls per model (fewer for a slow layer, ``PROBE_SECONDS`` at most each),
+#: in this many rounds interleaved in a random order, after this many untimed calls.
+PROBE_CALLS = 300
+PROBE_MIN_CALLS = 40
+PROBE_SECONDS = 0.3
+PROBE_ROUNDS = 10
+PROBE_WARMUP = 20
+
+
+@dataclass(frozen=True)
+class Checked:
+    """One technique's check: whether it stays in the space, and the sentence that says why not."""
+
+    technique: str
+    ok: bool
+    reason: str | None = None
+    details: dict[str, Any] | None = None
+
+
+def first_params(space: dict[str, Any]) -> dict[str, Any]:
+    """A technique's parameters at the first point of its space: each range's low end, each list's first."""
+    return {p: (s.low if isinstance(s, Range) else s[0]) for p, s in space.items()}
+
+
+def last_params(space: dict[str, Any]) -> dict[str, Any]:
+    """A technique's parameters at the last point of its space: each range's high end, each list's last."""
+    return {p: (s.high if isinstance(s, Range) else s[-1]) for p, s in space.items()}
+
+
+def serving_backend(name: str, backends: Sequence[Backend]) -> Backend:
+    """The first of the search's backends (in ``BACKENDS`` order) a technique runs on."""
+    runs_on = registry()[name].backends
+    return next(b for b in BACKENDS if b in backends and b in runs_on)
+
+
+def runs_alone(task: Task, config: Config, *, device: str, threads: int | None) -> str | None:
+    """Why ``config`` (one technique) cannot run on ``task``'s model here, or None: built as a trial builds
+    it, then one forward on the example input, untimed. A technique that would change nothing at these
+    parameters (``NoEffect``) runs."""
+    import torch
+
+    from pareto.devices import as_args
+
+    try:
+        served = apply(task.model, config, task, device=device, threads=threads)
+        if served.ready is not None:
+            served.ready()
+        with torch.inference_mode():
+            served.module(*as_args(task.example_input(config.batch_size)))
+    except NoEffect:
+        return None
+    except TechniqueError as exc:
+        return str(exc)
+    except Exception as exc:  # the user's model under the technique: the reason is the answer
+        return f"{config.describe()} could not run: {exception_line(exc)}"
+    return None
+
+
+@dataclass(frozen=True)
+class ProbeLayer:
+    """The layer the lever probe times: a copy of the model's busiest ``nn.Linear`` and the input it sees."""
+
+    linear: nn.Linear
+    inputs: torch.Tensor
+
+    def describe(self) -> str:
+        rows = self.inputs.numel() // self.linear.in_features
+        return f"{self.linear.in_features}→{self.linear.out_features} linear at {rows} rows"
+
+    def task(self) -> Task:
+        """The layer as a task the techniques can build on (its input is its calibration data too)."""
+        import torch
+        from torch import nn
+
+        from pareto.task import Task
+
+        x = self.inputs
+
+        def example_input(batch_size: int) -> torch.Tensor:
+            return torch.cat([x] * -(-batch_size // x.shape[0]))[:batch_size].clone()
+
+        return Task(
+            name="lever-probe",
+            model=nn.Sequential(self.linear).eval(),
+            example_input=example_input,
+            evaluate=lambda model: 0.0,
+            train_data=[(x.clone(), None)],
+            batch_size=x.shape[0],
+        )
+
+
+def probe_layer(task: Task, batch_size: int) -> ProbeLayer | None:
+    """The ``nn.Linear`` whose calls carry the most FLOPs on ``example_input(batch_size)`` (the shape shared
+    by most of the model's compute), copied with the input it received; None without one."""
+    import copy
+
+    import torch
+    from torch import nn
+
+    from pareto.devices import as_args
+
+    seen: dict[tuple[int, int, int], tuple[float, nn.Linear, torch.Tensor]] = {}
+
+    def hook(module: nn.Module, args: tuple[Any, ...], _output: object) -> None:
+        x = args[0] if args else None
+        if isinstance(module, nn.Linear) and isinstance(x, torch.Tensor) and x.is_floating_point():
+            rows = x.numel() // module.in_features
+            shape = (module.in_features, module.out_features, rows)
+            flops = seen[shape][0] if shape in seen else 0.0
+            seen[shape] = (flops + 2.0 * module.in_features * module.out_features * rows, module, x.detach().clone())
+
+    linears = [m for m in task.model.modules() if type(m) is nn.Linear]
+    handles = [m.register_forward_hook(hook) for m in linears]
+    try:
+        with torch.inference_mode():
+            task.model(*as_args(task.example_input(batch_size)))
+    except Exception:  # the runs check and the baseline's pre-flight say why; the probe is left out
+        return None
+    finally:
+        for handle in handles:
+            handle.remove()
+    if not seen:
+        return None
+    _, linear, inputs = max(seen.values(), key=lambda entry: entry[0])
+    layer = copy.deepcopy(linear).float().eval().requires_grad_(False)
+    return ProbeLayer(layer, inputs.float())
+
+
+def lever_speeds(
+    layer: ProbeLayer,
+    levers: dict[str, dict[str, Any]],
+    backends: Sequence[Backend],
+    *,
+    threads: int | None,
+) -> dict[str, dict[str, Any]]:
+    """Each lever's speed over float32 on the probe layer, per backend of the search it runs on, timed in
+    one interleaved run (``pareto.measure.latency.measure_interleaved``, CPU).
+
+    Returns:
+        ``{lever: {"per_backend": {backend: {"lever_p50_ms", "float_p50_ms", "speedup"}}, "best": speedup or
+        None, "failed": {backend: reason}}}``, with the method under ``"method"`` of each.
+    """
+    from pareto.measure.latency import RoundPlan, Timed, measure_interleaved
+
+    task = layer.task()
+    batch = task.batch_size
+    built: dict[tuple[str, Backend], Timed] = {}
+    failed: dict[str, dict[str, str]] = {name: {} for name in levers}
+    wanted = {(name, b) for name in levers for b in backends if b in registry()[name].backends}
+    for backend in sorted({b for _, b in wanted}, key=BACKENDS.index):
+        built[("float32", backend)] = _timed(task, Config(batch_size=batch, backend=backend), threads)
+    for name, backend in sorted(wanted):
+        config = Config(techniques=(get_technique(name, levers[name]),), batch_size=batch, backend=backend)
+        try:
+            built[(name, backend)] = _timed(task, config, threads)
+        except Exception as exc:  # a lever that cannot build on one layer: its runs check judges the model
+            failed[name][backend] = exception_line(exc)
+    calls = _calls(built[("float32", sorted({b for _, b in wanted}, key=BACKENDS.index)[0])], threads)
+    plan = RoundPlan(samples=calls, rounds=PROBE_ROUNDS, warmup=PROBE_WARMUP)
+    keys = list(built)
+    results = measure_interleaved([built[k] for k in keys], device="cpu", plan=plan, threads=threads, seed=0)
+    p50 = {k: r.summary.p50_ms for k, r in zip(keys, results, strict=True)}
+    method = f"{results[0].method}; {layer.describe()}, float32 on the same backend timed in the same rounds"
+    return {name: _speeds(name, p50, failed[name], method) for name in levers}
+
+
+def _speeds(name: str, p50: dict[tuple[str, Backend], float], failed: dict[str, str], method: str) -> dict[str, Any]:
+    per_backend = {
+        backend: {
+            "lever_p50_ms": p50[(lever, backend)],
+            "float_p50_ms": p50[("float32", backend)],
+            "speedup": p50[("float32", backend)] / p50[(lever, backend)],
+        }
+        for lever, backend in p50
+        if lever == name
+    }
+    best = max((v["speedup"] for v in per_backend.values()), default=None)
+    return {"per_backend": per_backend, "best": best, "failed": failed, "method": method}
+
+
+def _timed(task: Task, config: Config, threads: int | None) -> Any:
+    from pareto.measure.latency import Timed
+
+    served = apply(task.model, config, task, device="cpu", threads=threads)
+    return Timed(served.module, task.example_input(config.batch_size), label=config.describe(), ready=served.ready)
+
+
+def _calls(reference: Any, threads: int | None) -> int:
+    """Calls per model: ``PROBE_CALLS``, fewer where the float32 layer is slow (``PROBE_SECONDS`` a model)."""
+    from pareto.measure.latency import RoundPlan, measure_interleaved
+
+    plan = RoundPlan(samples=5, rounds=1, warmup=3)
+    [first] = measure_interleaved([reference], device="cpu", plan=plan, threads=threads)
+    per_call_s = max(first.summary.p50_ms, 1e-6) / 1000
+    return max(PROBE_MIN_CALLS, min(PROBE_CALLS, int(PROBE_SECONDS / per_call_s)))
+
+
+def check_key(kind: str, payload: dict[str, Any]) -> str:
+    """The stored key of a check: what it was taken on (configuration, backends, layer)."""
+    blob = json.dumps({"kind": kind, **payload}, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def lever_sentence(name: str, speeds: dict[str, Any], facts: str | None, layer: str) -> str:
+    """Why a lever leaves the space, in one sentence's clause."""
+    per_backend = ", ".join(f"{v['speedup']:.2f}× on {backend}" for backend, v in sorted(speeds["per_backend"].items()))
+    said = f"; {name} on this CPU: {facts}" if facts else ""
+    return f"it ran the model's {layer} at {per_backend} the speed of float32 (medians in interleaved rounds{said})"
+
+
+def cpu_facts(name: str) -> str | None:
+    """What this CPU's instructions, as its kernels may use them, do for lever ``name``."""
+    from pareto.measure.environment import host_cpu
+
+    features, capability = host_cpu()
+    return on_this_cpu(name, features, capability)
+
+
+def steer_space(
+    bench: Bench,
+    study_id: int,
+    techniques: Techniques,
+    *,
+    backends: Sequence[Backend],
+    batch_size: int,
+    keep: Sequence[str],
+    notice: Callable[[str], None],
+) -> Techniques:
+    """The space this study searches here: the techniques that pay (CPU levers, but those ``keep`` names:
+    searched without a probe) and run on this model (every technique), each check read from the database
+    or taken now and stored."""
+    kept = dict(techniques)
+    if bench.device == "cpu":
+        judged = {name: space for name, space in kept.items() if name not in keep}
+        for name, checked in _pays(bench, study_id, judged, backends, batch_size).items():
+            if not checked.ok:
+                notice(f"Leaving out {name}: {checked.reason}; name it in search.keep to search it anyway.")
+                kept.pop(name)
+    for name, checked in _runs(bench, study_id, kept, backends, batch_size).items():
+        if not checked.ok:
+            notice(f"Leaving out {name}: on its own it failed on this model ({(checked.reason or '').rstrip('.')}).")
+            kept.pop(name)
+    return kept
+
+
+def _runs(
+    bench: Bench, study_id: int, techniques: Techniques, backends: Sequence[Backend], batch_size: int
+) -> dict[str, Checked]:
+    """The runs check of each technique: at the first point of its space and, when that fails, at the last
+    (a failure of some parameters only is the trials' to find, each one once)."""
+    out = {}
+    for name, space in techniques.items():
+        backend = serving_backend(name, backends)
+        points = [first_params(space), last_params(space)]
+        configs = [
+            Config(techniques=(get_technique(name, params),), batch_size=batch_size, backend=backend)
+            for params in (points if points[0] != points[1] else points[:1])
+        ]
+        key = check_key("runs", {"configurations": [c.to_dict() for c in configs]})
+
+        def take(configs: list[Config] = configs) -> Checked:
+            reasons = []
+            for config in configs:
+                reason = runs_alone(bench.task, config, device=bench.device, threads=bench.threads)
+                if reason is None:
+                    return Checked(config.techniques[0].name, True, None, {"configuration": config.describe()})
+                reasons.append(reason)
+            tried = [c.describe() for c in configs]
+            return Checked(configs[0].techniques[0].name, False, reasons[0], {"configurations": tried})
+
+        out[name] = _stored_or_taken(bench, study_id, "runs", key, take)
+    return out
+
+
+def _pays(
+    bench: Bench, study_id: int, techniques: Techniques, backends: Sequence[Backend], batch_size: int
+) -> dict[str, Checked]:
+    levers = {
+        name: first_params(space)
+        for name, space in techniques.items()
+        if name in LEVERS and set(backends) & set(registry()[name].backends)
+    }
+    if not levers:
+        return {}
+    layer = probe_layer(bench.task, batch_size)
+    if layer is None:
+        return {}
+    shape = [layer.linear.in_features, layer.linear.out_features, layer.inputs.numel() // layer.linear.in_features]
+    keys = {name: check_key("pays", {"lever": name, "params": p, "backends": list(backends), "layer": shape})
+            for name, p in levers.items()}  # fmt: skip
+    from pareto.store import trials
+    from pareto.store.engine import session_scope
+
+    with session_scope(bench.engine) as session:
+        stored = trials.technique_checks(session, study_id, bench.env_id, "pays")
+        known = {name: _checked(stored[key]) for name, key in keys.items() if key in stored}
+    todo = {name: p for name, p in levers.items() if name not in known}
+    if todo:
+        speeds = lever_speeds(layer, todo, backends, threads=bench.threads)
+        for name, measured in speeds.items():
+            best = measured["best"]
+            ok = best is None or best > 1.0  # nothing timed: the runs check judges it on the model
+            reason = None if ok else lever_sentence(name, measured, cpu_facts(name), layer.describe())
+            known[name] = Checked(name, ok, reason, measured)
+            _save(bench, study_id, "pays", keys[name], known[name])
+    return known
+
+
+def _stored_or_taken(bench: Bench, study_id: int, kind: str, key: str, take: Callable[[], Checked]) -> Checked:
+    from pareto.store import trials
+    from pareto.store.engine import session_scope
+
+    with session_scope(bench.engine) as session:
+        row = trials.technique_checks(session, study_id, bench.env_id, kind).get(key)
+        if row is not None:
+            return _checked(row)
+    checked = take()
+    _save(bench, study_id, kind, key, checked)
+    return checked
+
+
+def _checked(row: Any) -> Checked:
+    return Checked(row.technique, row.ok, row.reason, row.details)
+
+
+def _save(bench: Bench, study_id: int, kind: str, key: str, checked: Checked) -> None:
+    from pareto.store import trials
+    from pareto.store.engine import session_scope
+    from pareto.store.models import TechniqueCheck
+
+    row = TechniqueCheck(
+        study_id=study_id,
+        environment_id=bench.env_id,
+        kind=kind,
+        technique=checked.technique,
+        config_key=key,
+        ok=checked.ok,
+        reason=checked.reason,
+        details=checked.details or {},
+    )
+    with session_scope(bench.engine) as session:
+        trials.save_technique_check(session, row)

@@ -1,0 +1,121 @@
+"""The lever probe: each CPU lever timed beside float32 on a layer of the task's widths decides the space."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from sqlalchemy import select
+from torch import nn
+
+from pareto import _search as search_module
+from pareto import space_checks
+from pareto._search import run_search
+from pareto.spec import SearchSpec
+from pareto.store.engine import open_engine, session_scope
+from pareto.store.models import TechniqueCheck, Trial
+from pareto.task import Task
+
+QUICK = {"device": "cpu", "threads": 1, "samples": 40, "rounds": 4, "warmup": 2, "contention_limit": 50}
+
+
+def test_the_probe_layer_is_the_linear_that_carries_the_most_flops() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 256), nn.ReLU(), nn.Linear(256, 4)).eval()
+    x = torch.randn(32, 16)
+    task = Task(name="t", model=model, example_input=lambda b: x[:b], evaluate=lambda m: 1.0)
+    layer = space_checks.probe_layer(task, 8)
+    assert layer is not None
+    assert (layer.linear.in_features, layer.linear.out_features) == (16, 256) and layer.inputs.shape == (8, 16)
+    assert layer.linear is not model[0] and torch.equal(layer.linear.weight, model[0].weight)  # a copy
+    assert layer.describe() == "16→256 linear at 8 rows"
+    probe = layer.task()
+    assert probe.example_input(20).shape == (20, 16)  # any batch, from the input it saw
+    conv = nn.Sequential(nn.Conv2d(3, 4, 3)).eval()
+    no_linear = Task(name="c", model=conv, example_input=lambda b: torch.randn(b, 3, 8, 8), evaluate=lambda m: 1.0)
+    assert space_checks.probe_layer(no_linear, 2) is None
+
+
+def test_each_lever_is_timed_beside_float32_on_the_same_backend() -> None:
+    torch.manual_seed(0)
+    layer = space_checks.ProbeLayer(nn.Linear(128, 256).eval().requires_grad_(False), torch.randn(64, 128))
+    speeds = space_checks.lever_speeds(layer, {"int8_dynamic": {}, "bf16": {}}, ("eager",), threads=1)
+    for name in ("int8_dynamic", "bf16"):
+        eager = speeds[name]["per_backend"]["eager"]
+        assert eager["lever_p50_ms"] > 0 and eager["float_p50_ms"] > 0
+        assert eager["speedup"] == pytest.approx(eager["float_p50_ms"] / eager["lever_p50_ms"])
+        assert speeds[name]["best"] == eager["speedup"] and not speeds[name]["failed"]
+        assert "interleaved" in speeds[name]["method"] and "128→256 linear at 64 rows" in speeds[name]["method"]
+    # the same float32 timing for both: one interleaved run
+    assert (
+        speeds["bf16"]["per_backend"]["eager"]["float_p50_ms"]
+        == speeds["int8_dynamic"]["per_backend"]["eager"]["float_p50_ms"]
+    )
+
+
+def _spec(**search: Any) -> SearchSpec:
+    return SearchSpec.model_validate(
+        {
+            "task": "tests.tiny_task:make_task",
+            "study": "levers",
+            "slo": {"p99": "1s"},
+            "search": {"n_trials": 6, "seed": 0, "confirm_top": 0, "sampler": "random", **search},
+            "measure": QUICK,
+            "space": {"techniques": {"bf16": {}, "int8_dynamic": {}, "prune_structured": {"ratio": [0.25, 0.5]}}},
+        }
+    )
+
+
+def _slow_bf16(layer: Any, levers: dict[str, Any], backends: Any, *, threads: Any) -> dict[str, Any]:
+    calls.append(sorted(levers))
+    speed = {"bf16": 0.2, "int8_dynamic": 1.5}
+    return {
+        name: {
+            "per_backend": {"eager": {"lever_p50_ms": 1 / speed[name], "float_p50_ms": 1.0, "speedup": speed[name]}},
+            "best": speed[name],
+            "failed": {},
+            "method": "stub",
+        }
+        for name in levers
+    }
+
+
+calls: list[list[str]] = []
+
+
+def test_a_lever_slower_than_float32_leaves_the_space_unless_kept(db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls.clear()
+    monkeypatch.setattr(space_checks, "lever_speeds", _slow_bf16)
+    monkeypatch.setattr(space_checks, "cpu_facts", lambda name: "not native (no AMX or AVX-512 BF16)")
+    notices: list[str] = []
+
+    class Collect(search_module.Quiet):
+        def notice(self, message: str) -> None:
+            notices.append(message)
+
+    run_search(_spec(), db_url=db_url, reporter=Collect())
+    [said] = [n for n in notices if n.startswith("Leaving out bf16")]
+    assert "0.20× on eager the speed of float32" in said and "not native" in said and "search.keep" in said
+    assert not any(n.startswith("Leaving out int8_dynamic") for n in notices)
+    with session_scope(open_engine(db_url)) as session:
+        descriptions = session.scalars(select(Trial.description)).all()
+        stored = session.scalars(select(TechniqueCheck).where(TechniqueCheck.kind == "pays")).all()
+    assert not any("bf16" in d for d in descriptions) and any("int8_dynamic" in d for d in descriptions)
+    assert {c.technique: c.ok for c in stored} == {"bf16": False, "int8_dynamic": True}
+    assert calls == [["bf16", "int8_dynamic"]]
+    # the next run reads the probe from the database; a lever named in search.keep is not probed at all
+    notices.clear()
+    run_search(_spec(keep=["bf16"], n_trials=2), db_url=db_url, reporter=Collect())
+    assert calls == [["bf16", "int8_dynamic"]]
+    assert not any(n.startswith("Leaving out bf16") for n in notices)
+    with session_scope(open_engine(db_url)) as session:
+        assert any("bf16" in d for d in session.scalars(select(Trial.description)).all())
+
+
+def test_keep_names_levers_only() -> None:
+    from pareto.errors import UsageError
+    from pareto.spec import load_spec
+
+    with pytest.raises(UsageError, match="not one of the CPU levers"):
+        load_spec(None, {"search.keep": ["lowrank"]})
