@@ -15,6 +15,14 @@ accuracy in the table and the SLO) is taken as a share of the full grid's.
     python benchmarks/replay.py measure          # writes benchmarks/data/demo-grid.csv
     python benchmarks/replay.py replay --samplers tpe,tpe-8,random,qmc,nsga2,grid,gp --seeds 10 \
         --fraction 0.5 --plot benchmarks/results/replay-demo.png --save benchmarks/results/replay-demo.json
+
+Step 3 (``failures``, builds only): every grid configuration is built on the demo model with this code
+(no timing); the samplers then replay the grid as the search did before issue 34 (a configuration that
+fails is an Optuna FAIL, counted, and built again when proposed again) and as it does now (a technique
+that changes nothing is dropped, a failure is told as infeasible and answered from then on), and the
+share of the budget spent on configurations that fail is printed beside the front found.
+
+    python benchmarks/replay.py failures --samplers tpe,gp,nsga2,random --seeds 10 --fraction 0.3
 """
 
 from __future__ import annotations
@@ -56,6 +64,15 @@ METRICS = (
 )
 
 
+#: The demo space the table was measured on (the default space before bf16 joined it as a CPU lever).
+GRID_SPACE = {
+    "int8_dynamic": {},
+    "prune_unstructured": {"sparsity": {"low": 0.5, "high": 0.95}},
+    "prune_structured": {"ratio": {"low": 0.2, "high": 0.9}},
+    "lowrank": {"rank_ratio": {"low": 0.05, "high": 0.5}},
+}
+
+
 def spec() -> SearchSpec:
     """The demo search space and SLO (the README's main job), the grid at GRID_POINTS per range."""
     return SearchSpec.model_validate(
@@ -64,6 +81,7 @@ def spec() -> SearchSpec:
             "study": STUDY,
             "slo": {"p99": f"{SLO_MS}ms"},
             "search": {"sampler": "grid", "grid_points": GRID_POINTS, "confirm_top": 0, "early_reject": False},
+            "space": {"techniques": GRID_SPACE},
         }
     )
 
@@ -341,6 +359,161 @@ def replay(
     render(runs, size, marks, budget, plot)
 
 
+# ---------------------------------------------------------------------------------------------- failures
+
+
+def builds(table: Table) -> dict[str, str | None]:
+    """What building each grid configuration on the demo model (and one forward at batch 256) gives with
+    this code: None (it runs), ``"noeffect:<smaller key>"`` (a technique changed nothing: the smaller
+    twin's key) or ``"failed"``. Real builds, no timing (about 2 minutes on 2 cores)."""
+    import torch
+
+    from pareto.compress import Config, apply, get_technique
+    from pareto.devices import as_args
+    from pareto.errors import NoEffect, TechniqueError
+    from pareto.task import load_task
+
+    task = load_task("demo")
+    out: dict[str, str | None] = {}
+    for key in table.rows:
+        techniques = _techniques_of(key)
+        config = Config(techniques=tuple(get_technique(n, p) for n, p in techniques.items()), batch_size=256)
+        try:
+            model = apply(task.model, config, task).module
+            with torch.inference_mode():
+                model(*as_args(task.example_input(256)))
+            out[key] = None
+        except NoEffect as exc:
+            out[key] = "noeffect:" + _key_of({n: p for n, p in techniques.items() if n != exc.technique})
+        except TechniqueError:
+            out[key] = "failed"
+    return out
+
+
+def _techniques_of(key: str) -> dict[str, dict[str, float]]:
+    """A table key ("lowrank[rank_ratio=0.05]+prune_structured[ratio=0.9]") as techniques and parameters."""
+    if key == "baseline":
+        return {}
+    found = {}
+    for part in key.split("+"):
+        name, _, rest = part.partition("[")
+        params = dict(p.split("=") for p in rest.rstrip("]").split("][") if p) if rest else {}
+        found[name] = {k: float(v) for k, v in params.items()}
+    return found
+
+
+def _key_of(techniques: dict[str, dict[str, float]]) -> str:
+    params: dict[str, Any] = {name: True for name in techniques}
+    params.update({f"{n}.{k}": v for n, p in techniques.items() for k, v in p.items()})
+    return _key(params)
+
+
+def replay_failures(
+    table: Table, built: dict[str, str | None], sampler: str, seed: int, budget: int, *, known: bool
+) -> dict[str, Any]:
+    """One sampler, one seed, over the grid with the configurations that cannot be built as they are.
+
+    ``known=False`` is the search before issue 34: a configuration that fails (low-rank that makes no
+    layer smaller included) is told to Optuna as FAIL (which every sampler leaves out of its model),
+    counts as a new configuration, and is built and counted again when proposed again. ``known=True``
+    is the search now: the technique that changed nothing is dropped (the trial is its smaller twin,
+    a repeat when that was measured), a failure is told as infeasible with the worst values seen, and a
+    repeat of one is answered, not counted.
+    """
+    from pareto.samplers import FLAT
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        chosen = make_sampler(
+            sampler, seed=seed, batch_sizes=[256], techniques=table.techniques, grid_points=GRID_POINTS
+        )
+        study = optuna.create_study(directions=["maximize", "minimize"], sampler=chosen)
+    study.enqueue_trial({"batch_size": 256, **{name: False for name in table.techniques}})
+    seen: dict[str, tuple[float, float] | None] = {}  # None: failed
+    found: list[tuple[float, float]] = []
+    state = {"counted": 0, "failed": 0, "streak": 0}
+
+    def told(key: str, trial: optuna.Trial) -> tuple[float, float]:
+        values = seen[key]
+        if values is None:  # infeasible: the worst values so far, every constraint violated
+            done = [t.values for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))]
+            trial.set_constraint("p99_ms", 1.0)
+            return min(v[0] for v in done), max(v[1] for v in done)
+        acc, p99 = values
+        trial.set_constraint("p99_ms", (p99 - SLO_MS) / SLO_MS if math.isfinite(p99) else 1e9)
+        return acc, p99 if math.isfinite(p99) else 1e9
+
+    def objective(trial: optuna.Trial) -> tuple[float, float]:
+        suggest(trial, [256], table.techniques, flat=sampler in FLAT)
+        key = _key({k: table._snap(k, v) for k, v in trial.params.items() if k == "batch_size" or _on(k, trial.params)})
+        outcome = built[key]
+        if known and outcome is not None and outcome.startswith("noeffect:"):
+            key, outcome = outcome.split(":", 1)[1], None
+        if known and key in seen:
+            state["streak"] += 1
+            return told(key, trial)
+        state["streak"] = 0
+        state["counted"] += 1
+        if outcome is not None:  # failed (or, before, a technique that changed nothing)
+            state["failed"] += 1
+            if not known:
+                raise RuntimeError("failed")  # an Optuna FAIL: left out of every sampler's model
+            seen[key] = None
+            return told(key, trial)
+        row = table.rows[key]
+        acc, p99 = float(row["accuracy"]), _p99(row)
+        seen[key] = (acc, p99)
+        if p99 <= SLO_MS:
+            found.append((acc, p99))
+        return told(key, trial)
+
+    def stop(st: optuna.Study, _: Any) -> None:
+        if state["counted"] >= budget or state["streak"] >= 50:
+            st.stop()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        study.optimize(objective, n_trials=None, callbacks=[stop], catch=(RuntimeError,))
+    return {
+        "failed_share": state["failed"] / max(1, state["counted"]),
+        "hypervolume": hypervolume(found, table.reference) / table.full,
+        "counted": state["counted"],
+    }
+
+
+def failures(path: Path, samplers: list[str], seeds: int, fraction: float) -> None:
+    table = Table(path)
+    started = time.perf_counter()
+    built = builds(table)
+    broken = sum(v is not None for v in built.values())
+    size = len(table.rows)
+    budget = max(1, round(fraction * size))
+    print(
+        f"Replay of {path.name} with real builds ({time.perf_counter() - started:.0f} s): {broken} of {size} "
+        f"configurations cannot be built as they are ({sum(v == 'failed' for v in built.values())} fail, "
+        f"{sum((v or '').startswith('noeffect') for v in built.values())} have a technique that changes nothing); "
+        f"{seeds} seeds, {budget} new configurations each",
+        file=sys.stderr,
+    )
+    print("| sampler | budget on failed configurations, before | after | front's hypervolume, before | after |")
+    print("|---|---:|---:|---:|---:|")
+    for sampler in samplers:
+        rows = {
+            known: [replay_failures(table, built, sampler, seed, budget, known=known) for seed in range(seeds)]
+            for known in (False, True)
+        }
+
+        def cell(runs: list[dict[str, Any]], field: str) -> str:
+            values = [100 * r[field] for r in runs]
+            return f"{statistics.mean(values):.1f} % ± {statistics.stdev(values) if len(values) > 1 else 0:.1f}"
+
+        print(
+            f"| {sampler} | {cell(rows[False], 'failed_share')} | {cell(rows[True], 'failed_share')} | "
+            f"{cell(rows[False], 'hypervolume')} | {cell(rows[True], 'hypervolume')} |"
+        )
+
+
 def render(runs: dict[str, list[dict[str, Any]]], size: int, marks: list[int], budget: int, plot: Path | None) -> None:
     head = " | ".join(f"{m} ({m / size:.0%})" for m in marks)
     print(
@@ -407,8 +580,15 @@ if __name__ == "__main__":
     r.add_argument("--plot", type=Path)
     r.add_argument("--save", type=Path, help="keep every run's curve here (JSON)")
     r.add_argument("--include", type=Path, help="add the runs of an earlier --save (labels not run now)")
+    f = sub.add_parser("failures", help="the share of the budget spent on configurations that fail, before and after")
+    f.add_argument("--table", type=Path, default=TABLE)
+    f.add_argument("--samplers", default="tpe,gp,nsga2,random")
+    f.add_argument("--seeds", type=int, default=10)
+    f.add_argument("--fraction", type=float, default=0.3, help="budget: this share of the grid")
     args = parser.parse_args()
-    if args.command == "measure":
+    if args.command == "failures":
+        failures(args.table, args.samplers.split(","), args.seeds, args.fraction)
+    elif args.command == "measure":
         measure(args.db, args.out)
     elif args.command == "export":
         export(args.db, args.out)

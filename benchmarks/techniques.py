@@ -14,7 +14,7 @@ so the ratios compare like with like. Prints a Markdown table per task for BENCH
     python benchmarks/techniques.py --task minilm --study minilm --db sqlite:///minilm.db
     python benchmarks/techniques.py --task resnet --rows int8 --rows @compile   # only rows naming these
 
-``int8_static`` rows need torchao (``pip install -e '.[torchao]'``); without it they say so.
+``int8_static`` rows need torchao (a dependency of pareto); where it does not import they say so.
 """
 
 from __future__ import annotations
@@ -105,6 +105,10 @@ CONFIGS = {
         ["@onnxruntime", "ort_int8_dynamic:op_types=all"],
         ["@onnxruntime", "ort_int8_dynamic:per_channel=True"],
         ["@onnxruntime", "prune_structured:ratio=0.25", "ort_int8_dynamic:per_channel=True"],
+        # ONNX Runtime's transformer optimizer (its fusions) alone and before its int8
+        ["@onnxruntime", "ort_fuse"],
+        ["@onnxruntime", "ort_fuse", "ort_int8_dynamic:per_channel=True"],
+        ["@onnxruntime", "ort_fuse", "ort_int8_dynamic:op_types=all"],
         ["@compile", "int8_static"],
         # the CPU's own levers: bf16 (native on AMX and AVX-512 BF16), best compiled; stacked with
         # light pruning and its recovery

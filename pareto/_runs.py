@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -239,6 +240,36 @@ def time_beside(
     )
     by_key = {b.config.key(): (b, latency) for b, latency in zip(unique, latencies[: len(items)], strict=True)}
     return [by_key[config.key()] for config in configs], latencies[len(items) :]
+
+
+def retime_baseline(
+    bench: Bench, run: RunHandle, trial_id: int, batch_size: int, notice: Callable[[str], None]
+) -> None:
+    """Time the uncompressed model at ``batch_size`` again for this run's speedups (its trial ``trial_id``),
+    stored as a "baseline" measurement; said in one line, as is a machine too busy to time it."""
+    from pareto.assess import remeasured, round_plan
+    from pareto.compress import Config
+    from pareto.errors import MachineBusy
+
+    stored = stored_metrics(bench, trial_id)
+    assert stored is not None
+    [(_, latency)] = time_together(
+        bench, [Config(batch_size=batch_size)], plan=round_plan(bench.measure, None), probe=run.probe
+    )
+    try:
+        timed = remeasured(stored, latency)
+    except MachineBusy as exc:
+        notice(
+            f"The baseline @ batch {batch_size} could not be timed again ({exc}); "
+            "this run's speedups use an earlier run's baseline."
+        )
+        return
+    store_measurement(bench, run, trial_id, timed, kind="baseline")
+    notice(
+        f"Baseline @ batch {batch_size} timed again for this run's speedups: p50 {timed.latency_p50_ms:.3g} ms, "
+        f"p99 {timed.latency_p99_ms:.3g} ms (first run: p50 {stored.latency_p50_ms:.3g} ms, "
+        f"p99 {stored.latency_p99_ms:.3g} ms)."
+    )
 
 
 def finish_run(bench: Bench, run: RunHandle, **details: Any) -> None:

@@ -7,9 +7,7 @@ configurations re-measured in interleaved rounds with the baseline) → ``_resul
 
 from __future__ import annotations
 
-import copy
 import logging
-import math
 import time
 import warnings
 from dataclasses import dataclass
@@ -25,10 +23,9 @@ from pareto._runs import (
     baseline_trial,
     finish_run,
     open_bench,
+    retime_baseline,
     start_run,
     store_measurement,
-    stored_metrics,
-    time_together,
 )
 from pareto._signals import StopOnInterrupt
 from pareto._studies import (
@@ -39,10 +36,9 @@ from pareto._studies import (
     optuna_storage,
     stored_sampler,
 )
-from pareto.assess import Rejected, assess, preflight, remeasured, round_plan
-from pareto.compress import BACKENDS, Backend, Config, backend_reason, get_technique
+from pareto.assess import Rejected, assess, preflight
+from pareto.compress import BACKENDS, Backend, Config, backend_reason
 from pareto.compress.base import Pairs, install_conflicts
-from pareto.compress.pipeline import technique_reason
 from pareto.confirmation import ConfirmResult, confirm_pick, load_candidates
 from pareto.errors import BaselineFailed, MachineBusy, NoEffect, NoFeasibleConfiguration, TechniqueError, UsageError
 from pareto.frontier import (
@@ -50,7 +46,6 @@ from pareto.frontier import (
     Constraints,
     best_or_none,
     constraint_gaps,
-    constraint_names,
     frontier,
     judged,
     objective_metrics,
@@ -59,15 +54,15 @@ from pareto.frontier import (
 )
 from pareto.limits import Limits
 from pareto.metrics import Metrics
-from pareto.samplers import FLAT, make_sampler, space_size, start_trial, suggest
+from pareto.samplers import FLAT, failed_values, failure_gaps, make_sampler, space_size, start_trial, suggest
 from pareto.samplers import grid as grid_of
 from pareto.search_result import SearchResult, TrialOutcome
-from pareto.space_checks import steer_space
-from pareto.spec import Range, SearchSpec, Space, start_point_problem
+from pareto.space_checks import available_techniques, space_for_device, steer_space
+from pareto.spec import SearchSpec
 from pareto.store import queries, trials
 from pareto.store.engine import check_path, session_scope
 from pareto.store.models import Environment, Study, Trial, utcnow
-from pareto.task import Task, load_task
+from pareto.task import load_task
 
 #: After a trial the contention guard gave up on, wait this long at most for the machine to quiet
 #: down before the next trial; still busy then, the search stops (trials stored, exit code 75).
@@ -162,14 +157,14 @@ def run_search(spec: SearchSpec, *, db_url: str, reporter: Reporter | None = Non
 def prepare(spec: SearchSpec, db_url: str, reporter: Reporter) -> SearchSetup:
     task = load_task(spec.task)
     bench = open_bench(db_url, task, spec.measure)
-    spec = _space_for_device(spec, bench.device, reporter)
+    spec = space_for_device(spec, bench.device, reporter.notice)
     # in one fixed order: Optuna refuses a categorical whose choices change order within a study
     backends: tuple[Backend, ...] = tuple(b for b in BACKENDS if b in (spec.space.backend or ["eager"]))
     for backend in backends:
         reason = backend_reason(backend, bench.device)
         if reason is not None:
             raise UsageError(f"Backend {backend} cannot serve here: {reason.rstrip('.')}.")
-    techniques, skipped = _available_techniques(spec, bench.device, bench.task, backends)
+    techniques, skipped = available_techniques(spec, bench.device, bench.task, backends)
     for name, reason in skipped:
         reporter.notice(f"Skipping technique {name}: {reason}")
     with session_scope(bench.engine) as session:
@@ -211,32 +206,6 @@ def prepare(spec: SearchSpec, db_url: str, reporter: Reporter) -> SearchSetup:
         backends=backends,
         conflicts=frozenset(frozenset((a, b)) for a, b, _ in conflicts),
     )
-
-
-def _space_for_device(spec: SearchSpec, device: str, reporter: Reporter) -> SearchSpec:
-    """On a GPU, a spec that does not name its techniques searches the GPU's levers
-    (``pareto.spec.DEFAULT_CUDA_SPACE``): the CPU's default space has little that pays there."""
-    unsaid = "space" not in spec.model_fields_set or "techniques" not in spec.space.model_fields_set
-    if not (device.startswith("cuda") and unsaid):
-        return spec
-    from pareto.spec import DEFAULT_CUDA_SPACE
-
-    techniques = copy.deepcopy(DEFAULT_CUDA_SPACE["techniques"])
-    reporter.notice(f"On {device} the default space searches the GPU's levers: {', '.join(techniques)}.")
-    space = Space.model_validate(
-        {**spec.space.model_dump(mode="json", exclude={"techniques"}), "techniques": techniques}
-    )
-    # start points were checked against the CPU's default space: those outside the GPU's are left out,
-    # so the spec workers validate again (``--workers``) holds only points of the space searched
-    kept = []
-    for k, point in enumerate(spec.search.start_with):
-        problem = start_point_problem(point, space)
-        if problem is None:
-            kept.append(point)
-        else:
-            reporter.notice(f"Leaving out start point {k} on {device}: {problem}.")
-    search = spec.search.model_copy(update={"start_with": kept})
-    return spec.model_copy(update={"space": space, "search": search})
 
 
 def constraints_of(spec: SearchSpec) -> Constraints:
@@ -317,7 +286,7 @@ def _time_baselines(setup: SearchSetup, run: RunHandle, study: optuna.Study, rep
     existing = enqueue_baselines(setup, study)
     started = enqueue_start(setup, study)
     for batch_size, trial_id in existing.items():
-        _retime_baseline(setup, run, trial_id, batch_size, reporter)
+        retime_baseline(setup.bench, run, trial_id, batch_size, reporter.notice)
     queued, n_trials = len(setup.batch_sizes) - len(existing), setup.spec.search.n_trials
     if queued >= n_trials:
         reporter.notice(
@@ -378,29 +347,6 @@ def _baseline_here(setup: SearchSetup, batch_size: int) -> int | None:
         return None
     with session_scope(setup.bench.engine) as session:
         return trial_id if trials.measured_in(session, trial_id, setup.bench.env_id) else None
-
-
-def _retime_baseline(setup: SearchSetup, run: RunHandle, trial_id: int, batch_size: int, reporter: Reporter) -> None:
-    bench = setup.bench
-    stored = stored_metrics(bench, trial_id)
-    assert stored is not None
-    [(_, latency)] = time_together(
-        bench, [Config(batch_size=batch_size)], plan=round_plan(bench.measure, None), probe=run.probe
-    )
-    try:
-        timed = remeasured(stored, latency)
-    except MachineBusy as exc:
-        reporter.notice(
-            f"The baseline @ batch {batch_size} could not be timed again ({exc}); "
-            "this run's speedups use an earlier run's baseline."
-        )
-        return
-    store_measurement(bench, run, trial_id, timed, kind="baseline")
-    reporter.notice(
-        f"Baseline @ batch {batch_size} timed again for this run's speedups: p50 {timed.latency_p50_ms:.3g} ms, "
-        f"p99 {timed.latency_p99_ms:.3g} ms (first run: p50 {stored.latency_p50_ms:.3g} ms, "
-        f"p99 {stored.latency_p99_ms:.3g} ms)."
-    )
 
 
 @dataclass
@@ -643,11 +589,7 @@ class _Objective:
         return self._repeat(trial, config, twin)
 
     def _assess(self, config: Config) -> Any:
-        """Measure ``config``, rejected early against the SLO unless it is the baseline.
-
-        Raises:
-            TechniqueError (NoEffect when a technique changed nothing), Rejected, MachineBusy.
-        """
+        """Measure ``config`` (rejected early unless the baseline); raises TechniqueError, Rejected, MachineBusy."""
         slo = self.setup.spec.slo.p99_ms
         result = assess(
             self.bench.task,
@@ -671,10 +613,9 @@ class _Objective:
         return result
 
     def _repeat(self, trial: optuna.Trial, config: Config, twin: Twin) -> tuple[float, ...]:
-        """A repeat: answered from the database and not counted. A measured one is reported to the sampler
-        with its stored values again (a model-based sampler then knows where it stands; shown as pruned
-        instead, a Gaussian process loses the point and keeps proposing it); one that broke here, as
-        infeasible again; one rejected early goes back as pruned, as it did the first time."""
+        """A repeat, answered from the database and not counted: told to the sampler as the first time (its
+        stored values; infeasible; pruned with its P99 constraint). Shown as pruned, a measured repeat is
+        lost to a Gaussian process, which then keeps proposing it."""
         trial.set_user_attr("duplicate_of", twin.number)
         description = config.describe()
         if twin.failed is not None:
@@ -709,8 +650,8 @@ class _Objective:
     def _duplicate_of(self, trial: optuna.Trial, row_id: int, key: str) -> Twin | None:
         twin = self._twin(trial, key, row_id)
         if twin is not None:
-            reason = f"same configuration as trial {twin.number}; not measured again"
             with session_scope(self.bench.engine) as session:
+                reason = f"same configuration as trial {twin.number}; not measured again"
                 trials.finish_trial(session, row_id, "DUPLICATE", reason)
         return twin
 
@@ -738,9 +679,8 @@ class _Objective:
             fail_stale_trials(trial.study)  # a twin whose worker died is failed (and retried) here
 
     def _failed(self, row_id: int, trial: optuna.Trial, config: Config, exc: TechniqueError) -> tuple[float, ...]:
-        """The configuration broke here: FAILED with its reason and known from now on (a repeat is answered
-        with it, never built again); the sampler is told it is infeasible. The uncompressed model's own
-        failure is told as a failure: the search stops on it."""
+        """The configuration broke here: FAILED, known from now on, told to the sampler as infeasible (the
+        uncompressed model's own failure is a failure: the search stops on it)."""
         self._end(row_id, trial, config, exc)
         if config.is_baseline:
             raise exc
@@ -748,9 +688,8 @@ class _Objective:
         return self._infeasible(trial, self.last)
 
     def _infeasible(self, trial: optuna.Trial, outcome: TrialOutcome) -> tuple[float, ...]:
-        """Tell the sampler that ``outcome``'s configuration cannot run here: a complete trial (the only kind
-        the Gaussian process and NSGA-II learn from) whose every constraint is violated and whose values
-        are the worst the study has seen (``failed_values``), marked ``pareto_failed`` for Optuna's tools."""
+        """Tell the sampler that ``outcome``'s configuration cannot run here (``pareto.samplers.failed_values``,
+        ``failure_gaps``), marked ``pareto_failed`` for Optuna's tools."""
         self.last = outcome
         values = failed_values(trial.study, len(self.setup.spec.objectives))
         if values is None:  # nothing measured yet to compare with: told as a failure
@@ -805,55 +744,6 @@ class _Objective:
         )
 
 
-def failed_values(study: optuna.Study, n_objectives: int) -> tuple[float, ...] | None:
-    """The values a configuration that cannot run is told to the sampler with: on each objective the worst
-    any complete trial of the study holds (the lowest of a maximized one, the highest of a minimized
-    one), so that it dominates nothing; None when no trial is complete yet. The worst seen, not an
-    extreme, so that a Gaussian process's scaling of the values is left as it was."""
-    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.values]
-    if not done:
-        return None
-    worst = []
-    for k, direction in enumerate(study.directions[:n_objectives]):
-        values = [t.values[k] for t in done if not math.isnan(t.values[k])]
-        if not values:
-            return None
-        worst.append(min(values) if direction == optuna.study.StudyDirection.MAXIMIZE else max(values))
-    return tuple(worst)
-
-
-def failure_gaps(constraints: Constraints) -> dict[str, float]:
-    """The constraints of a configuration that cannot run: each limit the study has, violated by its whole
-    size (a relative gap of 1). Every complete trial carries the same names (the Gaussian process needs
-    that); a study without limits tells a failure by its worst values alone."""
-    return {name: 1.0 for name in constraint_names(constraints)}
-
-
-def _available_techniques(
-    spec: SearchSpec, device: str, task: Task, backends: tuple[Backend, ...] = ("eager",)
-) -> tuple[dict[str, dict[str, Any]], list[tuple[str, str]]]:
-    usable, skipped = {}, []
-    default_space = spec.space.techniques == Space().techniques
-    for name, space in spec.space.techniques.items():
-        probe = {p: (s.low if isinstance(s, Range) else s[0]) for p, s in space.items()}
-        technique = get_technique(name, probe)
-        if not set(backends) & set(technique.backends):
-            # one that works on another backend's graph (ORT's quantizer) is in the default space for
-            # that backend: left out without a word there; a PyTorch technique, or one the user's own
-            # space names, left out is worth one
-            if not technique.on_graph or not default_space:
-                where = " or ".join(technique.backends)
-                served = ", ".join(backends)
-                skipped.append((name, f"it runs on the {where} backend; this search serves on {served}."))
-            continue
-        reason = technique_reason(technique, device, task)
-        if reason is None:
-            usable[name] = space
-        else:
-            skipped.append((name, reason))
-    return usable, skipped
-
-
 def _objective_value(metrics: dict[str, Any], metric: str) -> float:
     value = objective_value(metrics, metric)
     if value is None:
@@ -862,8 +752,8 @@ def _objective_value(metrics: dict[str, Any], metric: str) -> float:
 
 
 class Twin(NamedTuple):
-    """An earlier trial of the same configuration here: its number, its stored metrics ({} when it was
-    rejected early or broke), then the P99 lower bound that rejected it, or the reason it broke."""
+    """An earlier trial of the same configuration here: its number, its metrics ({} when rejected early or
+    broken), the P99 lower bound that rejected it, or the reason it broke."""
 
     number: int
     metrics: dict[str, Any]
@@ -872,8 +762,8 @@ class Twin(NamedTuple):
 
 
 def _rejected_twin(session: Session, setup: SearchSetup, key: str, exclude_id: int) -> Twin | None:
-    """A trial of the same configuration rejected early here against an SLO at least as tight as this
-    run's: a repeat. Under a looser SLO it is measured again."""
+    """A trial of the same configuration rejected early here against an SLO at least as tight (a looser
+    SLO measures it again)."""
     slo = setup.spec.slo.p99_ms
     if slo is None:
         return None

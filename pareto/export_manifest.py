@@ -52,6 +52,7 @@ TECHNIQUE_NOTES: dict[str, str] = {
     ),
     "ort_int8_dynamic": "the ONNX graph with int8 weights (DynamicQuantizeLinear, MatMulInteger), as ORT ran it",
     "ort_int8_static": "the ONNX graph with QuantizeLinear/DequantizeLinear pairs and calibrated scales, as ORT ran it",
+    "ort_fuse": "the ONNX graph with ONNX Runtime's fused contrib operators (com.microsoft domain), as ORT ran it",
 }
 
 

@@ -29,6 +29,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from pareto.compress import Config, Technique, get_technique, registry
 from pareto.compress.base import Pairs, conflict
+from pareto.frontier import Constraints, constraint_names
 from pareto.naming import Backend, SamplerName
 from pareto.spec import Range, Search, StartPoint
 
@@ -309,3 +310,27 @@ def start_trial(
         params.update({f"{name}.{pname}": value for pname, value in point.techniques.get(name, {}).items()})
     chosen = tuple(get_technique(name, values) for name, values in point.techniques.items())
     return Config(techniques=chosen, batch_size=batch_size, backend=point.backend), params
+
+
+def failed_values(study: optuna.Study, n_objectives: int) -> tuple[float, ...] | None:
+    """The values a configuration that cannot run is told to the sampler with: on each objective the worst
+    any complete trial of the study holds (the lowest of a maximized one, the highest of a minimized
+    one), so that it dominates nothing; None when no trial is complete yet. The worst seen, not an
+    extreme, so that a Gaussian process's scaling of the values is left as it was."""
+    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.values]
+    if not done:
+        return None
+    worst = []
+    for k, direction in enumerate(study.directions[:n_objectives]):
+        values = [t.values[k] for t in done if not math.isnan(t.values[k])]
+        if not values:
+            return None
+        worst.append(min(values) if direction == optuna.study.StudyDirection.MAXIMIZE else max(values))
+    return tuple(worst)
+
+
+def failure_gaps(constraints: Constraints) -> dict[str, float]:
+    """The constraints of a configuration that cannot run: each limit the study has, violated by its whole
+    size (a relative gap of 1). Every complete trial carries the same names (the Gaussian process needs
+    that); a study without limits tells a failure by its worst values alone."""
+    return {name: 1.0 for name in constraint_names(constraints)}

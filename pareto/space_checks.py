@@ -16,6 +16,7 @@ the study, or another worker, reads them instead of taking them again:
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from collections.abc import Callable, Sequence
@@ -24,8 +25,9 @@ from typing import TYPE_CHECKING, Any
 
 from pareto.compress import BACKENDS, Backend, Config, apply, get_technique, registry
 from pareto.compress.cpu import LEVERS, on_this_cpu
+from pareto.compress.pipeline import technique_reason
 from pareto.errors import NoEffect, TechniqueError, exception_line
-from pareto.spec import Range
+from pareto.spec import Range, SearchSpec, Space, start_point_problem
 
 if TYPE_CHECKING:
     import torch
@@ -95,14 +97,15 @@ def runs_alone(task: Task, config: Config, *, device: str, threads: int | None) 
 
 @dataclass(frozen=True)
 class ProbeLayer:
-    """The layer the lever probe times: a copy of the model's busiest ``nn.Linear`` and the input it sees."""
+    """The layer the lever probe times: a copy of the model's busiest ``nn.Linear`` or ``nn.Conv2d``, the
+    input it sees in the model, and its shape in words ("384→1536 linear at 128 rows")."""
 
-    linear: nn.Linear
+    module: nn.Module
     inputs: torch.Tensor
+    shape: str
 
     def describe(self) -> str:
-        rows = self.inputs.numel() // self.linear.in_features
-        return f"{self.linear.in_features}→{self.linear.out_features} linear at {rows} rows"
+        return self.shape
 
     def task(self) -> Task:
         """The layer as a task the techniques can build on (its input is its calibration data too)."""
@@ -118,7 +121,7 @@ class ProbeLayer:
 
         return Task(
             name="lever-probe",
-            model=nn.Sequential(self.linear).eval(),
+            model=nn.Sequential(self.module).eval(),
             example_input=example_input,
             evaluate=lambda model: 0.0,
             train_data=[(x.clone(), None)],
@@ -127,8 +130,8 @@ class ProbeLayer:
 
 
 def probe_layer(task: Task, batch_size: int) -> ProbeLayer | None:
-    """The ``nn.Linear`` whose calls carry the most FLOPs on ``example_input(batch_size)`` (the shape shared
-    by most of the model's compute), copied with the input it received; None without one."""
+    """The ``nn.Linear`` or ``nn.Conv2d`` shape whose calls carry the most FLOPs on
+    ``example_input(batch_size)``, one such layer copied with the input it received; None without one."""
     import copy
 
     import torch
@@ -136,18 +139,18 @@ def probe_layer(task: Task, batch_size: int) -> ProbeLayer | None:
 
     from pareto.devices import as_args
 
-    seen: dict[tuple[int, int, int], tuple[float, nn.Linear, torch.Tensor]] = {}
+    seen: dict[str, tuple[float, nn.Module, torch.Tensor]] = {}
 
-    def hook(module: nn.Module, args: tuple[Any, ...], _output: object) -> None:
+    def hook(module: nn.Module, args: tuple[Any, ...], output: object) -> None:
         x = args[0] if args else None
-        if isinstance(module, nn.Linear) and isinstance(x, torch.Tensor) and x.is_floating_point():
-            rows = x.numel() // module.in_features
-            shape = (module.in_features, module.out_features, rows)
-            flops = seen[shape][0] if shape in seen else 0.0
-            seen[shape] = (flops + 2.0 * module.in_features * module.out_features * rows, module, x.detach().clone())
+        if not (isinstance(x, torch.Tensor) and x.is_floating_point() and isinstance(output, torch.Tensor)):
+            return
+        shape, flops = _layer_shape(module, x, output)
+        total = seen[shape][0] if shape in seen else 0.0
+        seen[shape] = (total + flops, module, x.detach().clone())
 
-    linears = [m for m in task.model.modules() if type(m) is nn.Linear]
-    handles = [m.register_forward_hook(hook) for m in linears]
+    layers = [m for m in task.model.modules() if type(m) in (nn.Linear, nn.Conv2d)]
+    handles = [m.register_forward_hook(hook) for m in layers]
     try:
         with torch.inference_mode():
             task.model(*as_args(task.example_input(batch_size)))
@@ -158,9 +161,26 @@ def probe_layer(task: Task, batch_size: int) -> ProbeLayer | None:
             handle.remove()
     if not seen:
         return None
-    _, linear, inputs = max(seen.values(), key=lambda entry: entry[0])
-    layer = copy.deepcopy(linear).float().eval().requires_grad_(False)
-    return ProbeLayer(layer, inputs.float())
+    shape, (_, module, inputs) = max(seen.items(), key=lambda entry: entry[1][0])
+    return ProbeLayer(copy.deepcopy(module).float().eval().requires_grad_(False), inputs.float(), shape)
+
+
+def _layer_shape(module: nn.Module, x: torch.Tensor, output: torch.Tensor) -> tuple[str, float]:
+    """A linear's or convolution's shape in words, and the FLOPs of this call."""
+    from torch import nn
+
+    if isinstance(module, nn.Linear):
+        rows = x.numel() // module.in_features
+        return (
+            f"{module.in_features}→{module.out_features} linear at {rows} rows",
+            2.0 * x.numel() * module.out_features,
+        )
+    assert isinstance(module, nn.Conv2d)
+    kh, kw = module.kernel_size
+    per_output = module.in_channels // module.groups * kh * kw
+    size = "×".join(str(d) for d in x.shape[2:])
+    shape = f"{module.in_channels}→{module.out_channels} {kh}×{kw} convolution on {x.shape[0]}×{size}"
+    return shape, 2.0 * output.numel() * per_output
 
 
 def lever_speeds(
@@ -322,9 +342,10 @@ def _pays(
     layer = probe_layer(bench.task, batch_size)
     if layer is None:
         return {}
-    shape = [layer.linear.in_features, layer.linear.out_features, layer.inputs.numel() // layer.linear.in_features]
-    keys = {name: check_key("pays", {"lever": name, "params": p, "backends": list(backends), "layer": shape})
-            for name, p in levers.items()}  # fmt: skip
+    keys = {
+        name: check_key("pays", {"lever": name, "params": p, "backends": list(backends), "layer": layer.shape})
+        for name, p in levers.items()
+    }
     from pareto.store import trials
     from pareto.store.engine import session_scope
 
@@ -377,3 +398,57 @@ def _save(bench: Bench, study_id: int, kind: str, key: str, checked: Checked) ->
     )
     with session_scope(bench.engine) as session:
         trials.save_technique_check(session, row)
+
+
+def space_for_device(spec: SearchSpec, device: str, notice: Callable[[str], None]) -> SearchSpec:
+    """On a GPU, a spec that does not name its techniques searches the GPU's levers
+    (``pareto.spec.DEFAULT_CUDA_SPACE``): the CPU's default space has little that pays there."""
+    unsaid = "space" not in spec.model_fields_set or "techniques" not in spec.space.model_fields_set
+    if not (device.startswith("cuda") and unsaid):
+        return spec
+    from pareto.spec import DEFAULT_CUDA_SPACE
+
+    techniques = copy.deepcopy(DEFAULT_CUDA_SPACE["techniques"])
+    notice(f"On {device} the default space searches the GPU's levers: {', '.join(techniques)}.")
+    space = Space.model_validate(
+        {**spec.space.model_dump(mode="json", exclude={"techniques"}), "techniques": techniques}
+    )
+    # start points were checked against the CPU's default space: those outside the GPU's are left out,
+    # so the spec workers validate again (``--workers``) holds only points of the space searched
+    kept = []
+    for k, point in enumerate(spec.search.start_with):
+        problem = start_point_problem(point, space)
+        if problem is None:
+            kept.append(point)
+        else:
+            notice(f"Leaving out start point {k} on {device}: {problem}.")
+    search = spec.search.model_copy(update={"start_with": kept})
+    return spec.model_copy(update={"space": space, "search": search})
+
+
+def available_techniques(
+    spec: SearchSpec, device: str, task: Task, backends: tuple[Backend, ...] = ("eager",)
+) -> tuple[dict[str, dict[str, Any]], list[tuple[str, str]]]:
+    """The techniques of the spec's space that can run on one of ``backends`` on ``device`` for ``task``,
+    and ``(name, why not)`` for each left out (one that runs on another backend's graph, in the default
+    space, is left out without a word)."""
+    usable, skipped = {}, []
+    default_space = spec.space.techniques == Space().techniques
+    for name, space in spec.space.techniques.items():
+        probe = {p: (s.low if isinstance(s, Range) else s[0]) for p, s in space.items()}
+        technique = get_technique(name, probe)
+        if not set(backends) & set(technique.backends):
+            # one that works on another backend's graph (ORT's quantizer) is in the default space for
+            # that backend: left out without a word there; a PyTorch technique, or one the user's own
+            # space names, left out is worth one
+            if not technique.on_graph or not default_space:
+                where = " or ".join(technique.backends)
+                served = ", ".join(backends)
+                skipped.append((name, f"it runs on the {where} backend; this search serves on {served}."))
+            continue
+        reason = technique_reason(technique, device, task)
+        if reason is None:
+            usable[name] = space
+        else:
+            skipped.append((name, reason))
+    return usable, skipped

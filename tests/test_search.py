@@ -8,6 +8,7 @@ from sqlalchemy import select
 
 import pareto
 from pareto import _search as search_module
+from pareto import space_checks
 from pareto._search import Quiet, run_search
 from pareto.errors import BaselineFailed, NoFeasibleConfiguration, TechniqueError, UsageError
 from pareto.spec import SearchSpec
@@ -151,12 +152,12 @@ def test_a_technique_for_another_backend_is_named_when_the_user_listed_it() -> N
     task = make_task()
     default = SearchSpec.model_validate({"task": "tests.tiny_task:make_task"})
     assert "ort_int8_dynamic" in default.space.techniques  # the default space lists it for onnxruntime searches
-    usable, skipped = search_module._available_techniques(default, "cpu", task)
+    usable, skipped = space_checks.available_techniques(default, "cpu", task)
     assert "ort_int8_dynamic" not in usable and not [n for n, _ in skipped if n == "ort_int8_dynamic"]
     own = SearchSpec.model_validate(
         {"task": "tests.tiny_task:make_task", "space": {"techniques": {"int8_dynamic": {}, "ort_int8_dynamic": {}}}}
     )
-    usable, skipped = search_module._available_techniques(own, "cpu", task)
+    usable, skipped = space_checks.available_techniques(own, "cpu", task)
     assert set(usable) == {"int8_dynamic"}
     assert skipped == [("ort_int8_dynamic", "it runs on the onnxruntime backend; this search serves on eager.")]
 
@@ -454,17 +455,17 @@ def test_continuing_with_another_sampler_says_so(db_url: str) -> None:
 
 
 def test_a_gpu_search_without_named_techniques_searches_the_gpus_levers() -> None:
-    from pareto._search import _space_for_device
+    from pareto.space_checks import space_for_device
     from pareto.spec import DEFAULT_CUDA_SPACE
 
     bare = SearchSpec.model_validate({"task": "demo"})
-    on_gpu = _space_for_device(bare, "cuda:0", Quiet())
+    on_gpu = space_for_device(bare, "cuda:0", Quiet().notice)
     assert list(on_gpu.space.techniques) == list(DEFAULT_CUDA_SPACE["techniques"])
-    assert _space_for_device(bare, "cpu", Quiet()).space == bare.space  # the CPU keeps its own default
+    assert space_for_device(bare, "cpu", Quiet().notice).space == bare.space  # the CPU keeps its own default
     named = spec()  # a spec that names its techniques searches them on any device
-    assert _space_for_device(named, "cuda:0", Quiet()).space == named.space
+    assert space_for_device(named, "cuda:0", Quiet().notice).space == named.space
     batch_only = SearchSpec.model_validate({"task": "demo", "space": {"batch_size": [64, 256]}})
-    gpu = _space_for_device(batch_only, "cuda:0", Quiet()).space
+    gpu = space_for_device(batch_only, "cuda:0", Quiet().notice).space
     assert gpu.batch_size == [64, 256] and "cuda_graphs" in gpu.techniques
     # a start point outside the GPU's space is left out there, one inside it kept: the spec a worker
     # validates again (--workers) is then valid
@@ -474,7 +475,7 @@ def test_a_gpu_search_without_named_techniques_searches_the_gpus_levers() -> Non
     ]
     started = SearchSpec.model_validate({"task": "demo", "search": {"start_with": points}})
     notes = Notes()
-    on_gpu = _space_for_device(started, "cuda:0", notes)
+    on_gpu = space_for_device(started, "cuda:0", notes.notice)
     assert [list(p.techniques) for p in on_gpu.search.start_with] == [["prune_structured"]]
     assert any("Leaving out start point 0 on cuda:0: technique 'prune_unstructured'" in n for n in notes.lines)
     SearchSpec.model_validate(on_gpu.model_dump(mode="json"), context={"stored": True})

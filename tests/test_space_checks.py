@@ -27,19 +27,27 @@ def test_the_probe_layer_is_the_linear_that_carries_the_most_flops() -> None:
     task = Task(name="t", model=model, example_input=lambda b: x[:b], evaluate=lambda m: 1.0)
     layer = space_checks.probe_layer(task, 8)
     assert layer is not None
-    assert (layer.linear.in_features, layer.linear.out_features) == (16, 256) and layer.inputs.shape == (8, 16)
-    assert layer.linear is not model[0] and torch.equal(layer.linear.weight, model[0].weight)  # a copy
-    assert layer.describe() == "16→256 linear at 8 rows"
+    linear = layer.module
+    assert isinstance(linear, nn.Linear) and (linear.in_features, linear.out_features) == (16, 256)
+    assert linear is not model[0] and torch.equal(linear.weight, model[0].weight)  # a copy
+    assert layer.inputs.shape == (8, 16) and layer.describe() == "16→256 linear at 8 rows"
     probe = layer.task()
     assert probe.example_input(20).shape == (20, 16)  # any batch, from the input it saw
-    conv = nn.Sequential(nn.Conv2d(3, 4, 3)).eval()
-    no_linear = Task(name="c", model=conv, example_input=lambda b: torch.randn(b, 3, 8, 8), evaluate=lambda m: 1.0)
-    assert space_checks.probe_layer(no_linear, 2) is None
+    # a CNN: its convolutions carry the FLOPs, not its linear head
+    cnn = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+    images = Task(name="c", model=cnn.eval(), example_input=lambda b: torch.randn(b, 3, 16, 16), evaluate=lambda m: 1.0)
+    conv = space_checks.probe_layer(images, 2)
+    assert conv is not None and isinstance(conv.module, nn.Conv2d)
+    assert conv.describe() == "3→32 3×3 convolution on 2×16×16"
+    flat = nn.Sequential(nn.ReLU()).eval()
+    nothing = Task(name="r", model=flat, example_input=lambda b: torch.randn(b, 4), evaluate=lambda m: 1.0)
+    assert space_checks.probe_layer(nothing, 2) is None
 
 
 def test_each_lever_is_timed_beside_float32_on_the_same_backend() -> None:
     torch.manual_seed(0)
-    layer = space_checks.ProbeLayer(nn.Linear(128, 256).eval().requires_grad_(False), torch.randn(64, 128))
+    linear = nn.Linear(128, 256).eval().requires_grad_(False)
+    layer = space_checks.ProbeLayer(linear, torch.randn(64, 128), "128→256 linear at 64 rows")
     speeds = space_checks.lever_speeds(layer, {"int8_dynamic": {}, "bf16": {}}, ("eager",), threads=1)
     for name in ("int8_dynamic", "bf16"):
         eager = speeds[name]["per_backend"]["eager"]

@@ -11,7 +11,9 @@ ORT does inside a run is not visible from Python, so FLOPs and peak activations 
 exported PyTorch module (``Served.source``), the same graph before ORT's fusions.
 
 ``ort_int8_dynamic`` quantizes the exported graph with ``onnxruntime.quantization.quantize_dynamic``:
-the tool a user would reach for without pareto.
+the tool a user would reach for without pareto. ``ort_fuse`` runs ONNX Runtime's own optimizer for
+transformer encoders on the graph first (``onnxruntime.transformers.optimizer``: attention, skip
+LayerNorm, GELU and bias fusions), so that the quantizer sees the fused operators.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from pareto.compress.base import Backend, Family, Technique, register
 from pareto.compress.served import Step
 from pareto.compress.tracing import calibration_inputs, first_line, quiet, trace_first
 from pareto.devices import as_args
-from pareto.errors import TechniqueError
+from pareto.errors import NoEffect, TechniqueError
 
 if TYPE_CHECKING:
     import onnx
@@ -237,9 +239,10 @@ def _first_call(module: OrtModule, task: Task) -> None:
         raise TechniqueError(f"ONNX Runtime cannot run the exported model: {reason}") from exc
 
 
-class _OrtGraphQuantizer(Technique):
-    """What ORT's quantizers share: they run on the onnxruntime backend, on the exported graph, and
-    write a quantized copy of it (``_quantize``) that becomes a new ``OrtModule``."""
+class _OrtGraphPass(Technique):
+    """What ORT's graph passes (its quantizers and its optimizer) share: they run on the onnxruntime
+    backend, on the exported graph, and write a rewritten copy of it (``_quantize``) that becomes a new
+    ``OrtModule``."""
 
     family: ClassVar[Family] = "quantize"
     backends: ClassVar[tuple[Backend, ...]] = ("onnxruntime",)
@@ -288,7 +291,7 @@ class _OrtGraphQuantizer(Technique):
 
 
 @register
-class OrtInt8Dynamic(_OrtGraphQuantizer):
+class OrtInt8Dynamic(_OrtGraphPass):
     """ONNX Runtime's dynamic int8 quantization of the exported graph (``quantize_dynamic``).
 
     Weights of MatMul and Gemm nodes (and, with ``op_types="all"``, of every op ORT can quantize,
@@ -320,7 +323,45 @@ class OrtInt8Dynamic(_OrtGraphQuantizer):
 
 
 @register
-class OrtInt8Static(_OrtGraphQuantizer):
+class OrtFuse(_OrtGraphPass):
+    """ONNX Runtime's transformer optimizer on the exported graph (``optimize_model``, ``model_type``).
+
+    It fuses what an encoder repeats (attention, an Add and LayerNorm into SkipLayerNormalization, GELU
+    with its bias, embeddings with their LayerNorm) into ONNX Runtime's contrib operators, offline and
+    with patterns beyond those ORT's session applies when it loads a graph. Applied before ORT's int8
+    quantizers in the same configuration, which then quantize the fused operators. The heads and the
+    width are read from the graph. A graph in which nothing is fused is not this technique's: the
+    configuration is the same without it (``NoEffect``).
+
+    Args:
+        model_type: ORT's name for the architecture's patterns: ``"bert"`` (BERT, MiniLM, RoBERTa
+            encoders), ``"gpt2"`` or ``"vit"``.
+    """
+
+    name: ClassVar[str] = "ort_fuse"
+    family: ClassVar[Family] = "compile"
+    summary: ClassVar[str] = (
+        "ONNX Runtime's transformer optimizer: attention, SkipLayerNorm and GELU fusions of the exported graph, "
+        "before ORT's int8 (onnxruntime backend)"
+    )
+
+    model_type: Literal["bert", "gpt2", "vit"] = "bert"
+
+    def _quantize(self, model: OrtModule, task: Task, source: Path, target: Path) -> None:
+        from onnxruntime.transformers.optimizer import optimize_model
+
+        # opt_level 0: ORT's own session optimizations run when the graph is loaded, as for any model
+        optimized = optimize_model(str(source), model_type=self.model_type, opt_level=0, use_gpu=False)
+        fused = {op: n for op, n in (optimized.get_fused_operator_statistics() or {}).items() if n}
+        if not fused:
+            raise NoEffect(
+                self.name, f"{self.describe()}: ONNX Runtime's optimizer found nothing to fuse in this graph."
+            )
+        optimized.save_model_to_file(str(target))
+
+
+@register
+class OrtInt8Static(_OrtGraphPass):
     """ONNX Runtime's static int8 quantization of the exported graph, calibrated on the task's data.
 
     Convolutions and matrix products get int8 weights (per output channel by default) and int8

@@ -141,9 +141,9 @@ def apply(
             served = served.then(_apply_one(technique, served.module, view))
             _route_around_fused_encoder_kernel(served.module)
         served = served.then(_serve(served, config, view))
-        for technique in config.techniques:
-            if technique.on_graph:
-                served = served.then(_apply_one(technique, served.module, view))
+        # on the served graph, fusions (ORT's optimizer) before the quantizers that read the fused operators
+        for technique in sorted((t for t in config.techniques if t.on_graph), key=lambda t: t.family != "compile"):
+            served = served.then(_apply_one(technique, served.module, view))
     served.module.eval()
     return served
 
