@@ -272,6 +272,21 @@ def retime_baseline(
     )
 
 
+def wait_for_quiet(run: RunHandle, notice: Callable[[str], None], wait_s: float) -> bool:
+    """After a busy trial: wait up to ``wait_s`` for the machine to quiet down; False when it stayed busy."""
+    if run.probe is None:
+        return True
+    notice(f"The machine is busy: waiting up to {wait_s:.0f} s for it to quiet down before the next trial.")
+    if run.probe.wait_for_quiet(wait_s):
+        notice("The machine is quiet again; the search goes on.")
+        return True
+    notice(
+        f"The machine stayed busy for {wait_s:.0f} s: the search stops here, every trial stored. "
+        "Run the same command when the machine is quiet to continue the study."
+    )
+    return False
+
+
 def finish_run(bench: Bench, run: RunHandle, **details: Any) -> None:
     with session_scope(bench.engine) as session:
         row = session.get(Run, run.run_id)

@@ -26,6 +26,7 @@ from pareto._runs import (
     retime_baseline,
     start_run,
     store_measurement,
+    wait_for_quiet,
 )
 from pareto._signals import StopOnInterrupt
 from pareto._studies import (
@@ -40,7 +41,15 @@ from pareto.assess import Rejected, assess, preflight
 from pareto.compress import BACKENDS, Backend, Config, backend_reason
 from pareto.compress.base import Pairs, install_conflicts
 from pareto.confirmation import ConfirmResult, confirm_pick, load_candidates
-from pareto.errors import BaselineFailed, MachineBusy, NoEffect, NoFeasibleConfiguration, TechniqueError, UsageError
+from pareto.errors import (
+    BaselineFailed,
+    MachineBusy,
+    NoEffect,
+    NoFeasibleConfiguration,
+    TechniqueError,
+    Transient,
+    UsageError,
+)
 from pareto.frontier import (
     Candidate,
     Constraints,
@@ -420,7 +429,7 @@ class _AfterTrial:
                 f"{(outcome.error or 'no reason').rstrip('.')}; the search stops, every trial stored."
             )
             study.stop()
-        elif outcome.state == "BUSY" and not _wait_for_quiet(self.run, self.reporter):
+        elif outcome.state == "BUSY" and not wait_for_quiet(self.run, self.reporter.notice, BUSY_WAIT_S):
             self.loop.stopped_busy = True
             study.stop()
         elif self._done(outcome):
@@ -440,7 +449,7 @@ class _AfterTrial:
         elif self.repeats >= REPEATS_IN_A_ROW:
             reason = (
                 f"the {self.setup.spec.search.sampler} sampler proposed {REPEATS_IN_A_ROW} configurations in a row "
-                "that were measured already"
+                "that were tried already"
             )
         if reason is None:
             return False
@@ -469,23 +478,6 @@ def _tried_here(setup: SearchSetup) -> int:
     """Distinct configurations of the study measured, rejected early or failed in this environment."""
     with session_scope(setup.bench.engine) as session:
         return trials.configurations_tried(session, setup.study_id, setup.bench.env_id)
-
-
-def _wait_for_quiet(run: RunHandle, reporter: Reporter) -> bool:
-    """After a busy trial: wait for the machine to quiet down; False when it stayed busy."""
-    if run.probe is None:
-        return True
-    reporter.notice(
-        f"The machine is busy: waiting up to {BUSY_WAIT_S:.0f} s for it to quiet down before the next trial."
-    )
-    if run.probe.wait_for_quiet(BUSY_WAIT_S):
-        reporter.notice("The machine is quiet again; the search goes on.")
-        return True
-    reporter.notice(
-        f"The machine stayed busy for {BUSY_WAIT_S:.0f} s: the search stops here, every trial stored. "
-        "Run the same command when the machine is quiet to continue the study."
-    )
-    return False
 
 
 def confirm_search(setup: SearchSetup, run: RunHandle, reporter: Reporter) -> ConfirmResult | None:
@@ -563,15 +555,15 @@ class _Objective:
             backends=self.setup.backends,
             conflicts=self.setup.conflicts,
         )
+        config = self._as_known(config)
         row_id, twin = self._start(trial, config)
         while twin is None:
             try:
                 result = self._assess(config)
             except NoEffect as exc:
                 # a technique that changed nothing after the ones before it: the configuration is its
-                # smaller twin, measured as that (or answered as a repeat of it)
-                config, note = config.without(exc.technique), str(exc)
-                twin = self._retarget(trial, row_id, config, note)
+                # smaller twin, measured as that (or answered as a repeat of it), and known to be from now on
+                config, twin = self._retarget(trial, row_id, config, exc)
                 continue
             except Rejected as exc:
                 slo = self.setup.spec.slo.p99_ms
@@ -638,14 +630,34 @@ class _Objective:
             row_id = trials.add_trial(session, trial_row(self.setup, trial.number, config))
         return row_id, self._duplicate_of(trial, row_id, config.key())
 
-    def _retarget(self, trial: optuna.Trial, row_id: int, config: Config, note: str) -> Twin | None:
-        """The trial's row becomes ``config`` (a technique that changed nothing left out); its twin, if any."""
+    def _as_known(self, config: Config) -> Config:
+        """``config``, or the configuration it turned out to be here (a technique in it changed nothing)."""
         with session_scope(self.bench.engine) as session:
+            while (
+                smaller := trials.same_as(session, self.setup.study_id, self.bench.env_id, config.key())
+            ) is not None:
+                config = Config.from_dict(smaller)
+        return config
+
+    def _retarget(self, trial: optuna.Trial, row_id: int, config: Config, exc: NoEffect) -> tuple[Config, Twin | None]:
+        """The trial becomes ``config`` without the technique that changed nothing (known to be: a later
+        proposal is not built again); its twin, if any."""
+        smaller = config.without(exc.technique)
+        with session_scope(self.bench.engine) as session:
+            where = (self.setup.study_id, self.bench.env_id)
+            trials.save_same_as(session, *where, config.key(), exc.technique, str(exc), smaller.to_dict())
             trials.retarget_trial(
-                session, row_id, config=config.to_dict(), key=config.key(), description=config.describe()
+                session,
+                row_id,
+                config=smaller.to_dict(),
+                key=smaller.key(),
+                description=smaller.describe(),
+                is_baseline=smaller.is_baseline,
             )
-        self.reporter.notice(f"Trial {trial.number}: {note.rstrip('.')}; measured as {config.describe()}.")
-        return self._duplicate_of(trial, row_id, config.key())
+        twin = self._duplicate_of(trial, row_id, smaller.key())
+        then = f"a repeat of trial {twin.number}" if twin is not None else f"measured as {smaller.describe()}"
+        self.reporter.notice(f"Trial {trial.number}: {str(exc).rstrip('.')}; {then}.")
+        return smaller, twin
 
     def _duplicate_of(self, trial: optuna.Trial, row_id: int, key: str) -> Twin | None:
         twin = self._twin(trial, key, row_id)
@@ -682,7 +694,7 @@ class _Objective:
         """The configuration broke here: FAILED, known from now on, told to the sampler as infeasible (the
         uncompressed model's own failure is a failure: the search stops on it)."""
         self._end(row_id, trial, config, exc)
-        if config.is_baseline:
+        if config.is_baseline or isinstance(exc, Transient):  # a failure to Optuna: proposed again, built again
             raise exc
         assert self.last is not None
         return self._infeasible(trial, self.last)
@@ -695,7 +707,7 @@ class _Objective:
         if values is None:  # nothing measured yet to compare with: told as a failure
             raise TechniqueError(outcome.error or "the configuration failed")
         trial.set_user_attr("pareto_failed", outcome.error or True)
-        for name, gap in failure_gaps(self.setup.constraints).items():
+        for name, gap in failure_gaps(trial.study, self.setup.constraints).items():
             trial.set_constraint(name, gap)
         return values
 
@@ -704,7 +716,7 @@ class _Objective:
         a ``TechniqueError``), or BUSY (no verdict, never shown to the sampler)."""
         state = "BUSY" if isinstance(exc, MachineBusy) else "FAILED"
         reason = str(exc) if isinstance(exc, (TechniqueError, MachineBusy)) else _interrupted(exc)
-        known = isinstance(exc, TechniqueError) and not config.is_baseline
+        known = isinstance(exc, TechniqueError) and not isinstance(exc, Transient) and not config.is_baseline
         with session_scope(self.bench.engine) as session:
             trials.finish_trial(session, row_id, state, reason, config_failed=known)
         self.last = TrialOutcome(trial.number, state, config.describe(), error=reason, baseline=config.is_baseline)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pareto.compress import Config, Served, apply
-from pareto.errors import BaselineFailed, MachineBusy, TechniqueError, UsageError, exception_line
+from pareto.errors import BaselineFailed, MachineBusy, TechniqueError, Transient, UsageError, exception_line
 from pareto.metrics import METHOD_SEPARATOR, Metrics
 
 if TYPE_CHECKING:
@@ -129,7 +129,7 @@ def device_memory(config: Config, device: str) -> Iterator[None]:
     for the trial, and give the cached blocks back so the next trial starts with the device's memory.
 
     Raises:
-        TechniqueError: the configuration ran out of memory on ``device``.
+        Transient: the configuration ran out of memory on ``device`` (other work may have held it).
     """
     try:
         yield
@@ -144,7 +144,7 @@ def device_memory(config: Config, device: str) -> Iterator[None]:
         gc.collect()
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
-        raise TechniqueError(
+        raise Transient(
             f"{config.describe()} ran out of memory on {device} at batch {config.batch_size} "
             f"({exception_line(oom)}); its memory was freed for the next trial"
         ) from exc
@@ -312,9 +312,7 @@ def complete(
         except (UsageError, MachineBusy):
             raise
         except Exception as exc:  # e.g. a served graph whose batch axis is fixed: the trial fails, reason kept
-            raise TechniqueError(
-                f"{config.describe()}: the throughput sweep failed: {type(exc).__name__}: {exc}"
-            ) from exc
+            raise Transient(f"{config.describe()}: the throughput sweep failed: {type(exc).__name__}: {exc}") from exc
     return Assessment(config, Metrics(**fields), 0.0, None, latency.elapsed_s, accuracy_s, notes, suspect)
 
 

@@ -29,6 +29,12 @@ class TechniqueError(ParetoError):
     """A compression technique that broke on a model; the trial fails with this reason stored."""
 
 
+class Transient(TechniqueError):
+    """A trial's failure that says nothing lasting about its configuration (the device ran out of memory
+    while other work shared it, a measure setting such as the throughput sweep): stored FAILED, not
+    known, proposed again it is built again."""
+
+
 class NoEffect(TechniqueError):
     """A technique that would change nothing after the ones before it (low-rank that makes no layer
     smaller): the configuration is its smaller twin, the same without ``technique``."""

@@ -329,8 +329,15 @@ def failed_values(study: optuna.Study, n_objectives: int) -> tuple[float, ...] |
     return tuple(worst)
 
 
-def failure_gaps(constraints: Constraints) -> dict[str, float]:
-    """The constraints of a configuration that cannot run: each limit the study has, violated by its whole
-    size (a relative gap of 1). Every complete trial carries the same names (the Gaussian process needs
-    that); a study without limits tells a failure by its worst values alone."""
-    return {name: 1.0 for name in constraint_names(constraints)}
+def failure_gaps(study: optuna.Study, constraints: Constraints) -> dict[str, float]:
+    """The constraints of a configuration that cannot run: each limit the study has, violated by twice the
+    largest finite gap any complete trial of the study shows on it, and by its whole size at least (a
+    relative gap of 1), so that TPE and NSGA-II, which rank infeasible trials by their summed violation,
+    rank it below every measured one. Every complete trial carries the same names (the Gaussian process
+    needs that); a study without limits tells a failure by its worst values alone."""
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    gaps = {}
+    for name in constraint_names(constraints):
+        seen = [t.constraints.get(name, 0.0) for t in done]
+        gaps[name] = max([1.0, *(2 * g for g in seen if math.isfinite(g))])
+    return gaps

@@ -17,6 +17,7 @@ the study, or another worker, reads them instead of taking them again:
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 from collections.abc import Callable, Sequence
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pareto.compress import BACKENDS, Backend, Config, apply, get_technique, registry
-from pareto.compress.cpu import LEVERS, on_this_cpu
+from pareto.compress.cpu import LEVERS, cpu_facts
 from pareto.compress.pipeline import technique_reason
 from pareto.errors import NoEffect, TechniqueError, exception_line
 from pareto.spec import Range, SearchSpec, Space, start_point_problem
@@ -44,6 +45,9 @@ PROBE_MIN_CALLS = 40
 PROBE_SECONDS = 0.3
 PROBE_ROUNDS = 10
 PROBE_WARMUP = 20
+#: A lever leaves the space when its best speed over float32 is under this: slower by more than a short
+#: probe's spread between runs on a shared machine (a lever near 1.0x pays nothing either way).
+PAYS_BELOW = 0.9
 
 
 @dataclass(frozen=True)
@@ -72,10 +76,10 @@ def serving_backend(name: str, backends: Sequence[Backend]) -> Backend:
     return next(b for b in BACKENDS if b in backends and b in runs_on)
 
 
-def runs_alone(task: Task, config: Config, *, device: str, threads: int | None) -> str | None:
-    """Why ``config`` (one technique) cannot run on ``task``'s model here, or None: built as a trial builds
-    it, then one forward on the example input, untimed. A technique that would change nothing at these
-    parameters (``NoEffect``) runs."""
+def runs_alone(task: Task, config: Config, *, device: str, threads: int | None) -> tuple[str, str | None]:
+    """Whether ``config`` runs on ``task``'s model here: built as a trial builds it, then one forward on the
+    example input, untimed. ``("runs", None)``, ``("no effect", why)`` (a technique that changes nothing
+    at these parameters) or ``("fails", why)``."""
     import torch
 
     from pareto.devices import as_args
@@ -86,13 +90,13 @@ def runs_alone(task: Task, config: Config, *, device: str, threads: int | None) 
             served.ready()
         with torch.inference_mode():
             served.module(*as_args(task.example_input(config.batch_size)))
-    except NoEffect:
-        return None
+    except NoEffect as exc:
+        return "no effect", str(exc)
     except TechniqueError as exc:
-        return str(exc)
+        return "fails", str(exc)
     except Exception as exc:  # the user's model under the technique: the reason is the answer
-        return f"{config.describe()} could not run: {exception_line(exc)}"
-    return None
+        return "fails", f"{config.describe()} could not run: {exception_line(exc)}"
+    return "runs", None
 
 
 @dataclass(frozen=True)
@@ -265,14 +269,6 @@ def lever_sentence(name: str, speeds: dict[str, Any], facts: str | None, layer: 
     return f"it ran the model's {layer} at {per_backend} the speed of float32 (medians in interleaved rounds{said})"
 
 
-def cpu_facts(name: str) -> str | None:
-    """What this CPU's instructions, as its kernels may use them, do for lever ``name``."""
-    from pareto.measure.environment import host_cpu
-
-    features, capability = host_cpu()
-    return on_this_cpu(name, features, capability)
-
-
 def steer_space(
     bench: Bench,
     study_id: int,
@@ -295,7 +291,7 @@ def steer_space(
                 kept.pop(name)
     for name, checked in _runs(bench, study_id, kept, backends, batch_size).items():
         if not checked.ok:
-            notice(f"Leaving out {name}: on its own it failed on this model ({(checked.reason or '').rstrip('.')}).")
+            notice(f"Leaving out {name}: {checked.reason}.")
             kept.pop(name)
     return kept
 
@@ -303,8 +299,13 @@ def steer_space(
 def _runs(
     bench: Bench, study_id: int, techniques: Techniques, backends: Sequence[Backend], batch_size: int
 ) -> dict[str, Checked]:
-    """The runs check of each technique: at the first point of its space and, when that fails, at the last
-    (a failure of some parameters only is the trials' to find, each one once)."""
+    """The runs check of each technique: at the first point of its space and, when that does not run, at the
+    last (a failure of some parameters only is the trials' to find, each one once). None is taken when
+    the uncompressed model itself does not run: the baseline's pre-flight says why."""
+    base = Config(batch_size=batch_size)
+    if runs_alone(bench.task, base, device=bench.device, threads=bench.threads)[0] != "runs":
+        return {}
+    model = model_signature(bench.task.model)
     out = {}
     for name, space in techniques.items():
         backend = serving_backend(name, backends)
@@ -313,20 +314,31 @@ def _runs(
             Config(techniques=(get_technique(name, params),), batch_size=batch_size, backend=backend)
             for params in (points if points[0] != points[1] else points[:1])
         ]
-        key = check_key("runs", {"configurations": [c.to_dict() for c in configs]})
-
-        def take(configs: list[Config] = configs) -> Checked:
-            reasons = []
-            for config in configs:
-                reason = runs_alone(bench.task, config, device=bench.device, threads=bench.threads)
-                if reason is None:
-                    return Checked(config.techniques[0].name, True, None, {"configuration": config.describe()})
-                reasons.append(reason)
-            tried = [c.describe() for c in configs]
-            return Checked(configs[0].techniques[0].name, False, reasons[0], {"configurations": tried})
-
-        out[name] = _stored_or_taken(bench, study_id, "runs", key, take)
+        key = check_key("runs", {"configurations": [c.to_dict() for c in configs], "model": model})
+        out[name] = _stored_or_taken(bench, study_id, "runs", key, functools.partial(_run_alone, bench, configs))
     return out
+
+
+def _run_alone(bench: Bench, configs: list[Config]) -> Checked:
+    """The first of ``configs`` that runs keeps the technique; none: why, the first failure's reason first."""
+    outcomes = [runs_alone(bench.task, c, device=bench.device, threads=bench.threads) for c in configs[:1]]
+    if outcomes[0][0] != "runs" and len(configs) > 1:
+        outcomes.append(runs_alone(bench.task, configs[1], device=bench.device, threads=bench.threads))
+    name, tried = configs[0].techniques[0].name, {"configurations": [c.describe() for c in configs]}
+    if any(status == "runs" for status, _ in outcomes):
+        return Checked(name, True, None, tried)
+    failed = [why or "" for status, why in outcomes if status == "fails"]
+    if failed:
+        return Checked(name, False, f"on its own it failed on this model ({failed[0].rstrip('.')})", tried)
+    nothing = (outcomes[0][1] or "").rstrip(".")
+    return Checked(name, False, f"it changes nothing on this model at either end of its space ({nothing})", tried)
+
+
+def model_signature(model: nn.Module) -> str:
+    """What a check of a model depends on: its parameters' and buffers' names, shapes and dtypes, hashed
+    (a model the user changed is checked again)."""
+    tensors = [*model.named_parameters(), *model.named_buffers()]
+    return check_key("model", {"tensors": [[n, list(t.shape), str(t.dtype)] for n, t in tensors]})
 
 
 def _pays(
@@ -342,8 +354,11 @@ def _pays(
     layer = probe_layer(bench.task, batch_size)
     if layer is None:
         return {}
+    model = model_signature(bench.task.model)
     keys = {
-        name: check_key("pays", {"lever": name, "params": p, "backends": list(backends), "layer": layer.shape})
+        name: check_key(
+            "pays", {"lever": name, "params": p, "backends": list(backends), "layer": layer.shape, "model": model}
+        )
         for name, p in levers.items()
     }
     from pareto.store import trials
@@ -357,10 +372,9 @@ def _pays(
         speeds = lever_speeds(layer, todo, backends, threads=bench.threads)
         for name, measured in speeds.items():
             best = measured["best"]
-            ok = best is None or best > 1.0  # nothing timed: the runs check judges it on the model
+            ok = best is None or best >= PAYS_BELOW  # nothing timed: the runs check judges it on the model
             reason = None if ok else lever_sentence(name, measured, cpu_facts(name), layer.describe())
-            known[name] = Checked(name, ok, reason, measured)
-            _save(bench, study_id, "pays", keys[name], known[name])
+            known[name] = _save(bench, study_id, "pays", keys[name], Checked(name, ok, reason, measured))
     return known
 
 
@@ -372,16 +386,15 @@ def _stored_or_taken(bench: Bench, study_id: int, kind: str, key: str, take: Cal
         row = trials.technique_checks(session, study_id, bench.env_id, kind).get(key)
         if row is not None:
             return _checked(row)
-    checked = take()
-    _save(bench, study_id, kind, key, checked)
-    return checked
+    return _save(bench, study_id, kind, key, take())
 
 
 def _checked(row: Any) -> Checked:
     return Checked(row.technique, row.ok, row.reason, row.details)
 
 
-def _save(bench: Bench, study_id: int, kind: str, key: str, checked: Checked) -> None:
+def _save(bench: Bench, study_id: int, kind: str, key: str, checked: Checked) -> Checked:
+    """Store a check; the stored one (another process's, when it stored the same check first)."""
     from pareto.store import trials
     from pareto.store.engine import session_scope
     from pareto.store.models import TechniqueCheck
@@ -398,6 +411,8 @@ def _save(bench: Bench, study_id: int, kind: str, key: str, checked: Checked) ->
     )
     with session_scope(bench.engine) as session:
         trials.save_technique_check(session, row)
+    with session_scope(bench.engine) as session:
+        return _checked(trials.technique_checks(session, study_id, bench.env_id, kind)[key])
 
 
 def space_for_device(spec: SearchSpec, device: str, notice: Callable[[str], None]) -> SearchSpec:

@@ -131,22 +131,43 @@ def test_the_checks_are_stored_and_read_by_the_next_run(db_url: str, monkeypatch
     taken: list[str] = []
     real = space_checks.runs_alone
     monkeypatch.setattr(
-        space_checks, "runs_alone", lambda task, config, **kw: taken.append("x") or real(task, config, **kw)
+        space_checks,
+        "runs_alone",
+        lambda task, config, **kw: taken.append(config.describe()) or real(task, config, **kw),
     )
     notices = Notices()
     run_search(small, db_url=db_url, reporter=notices)
-    assert taken == []  # both read from the database
+    assert taken == ["baseline @ batch 8"]  # the model itself runs (a cheap forward); the rest is stored
     assert any(n.startswith("Leaving out bf16") for n in notices.notices)
 
 
 def test_a_technique_that_changes_nothing_is_dropped_and_the_trial_is_its_smaller_twin(db_url: str) -> None:
-    # at rank ratio 0.9 no 64-wide layer gets smaller: low-rank changes nothing anywhere in this space
-    space = {"int8_dynamic": {}, "lowrank": {"rank_ratio": [0.9]}}
+    # low-rank at 0.4 shrinks the 64-wide layers; after pruning 75 % of the units (16 left) its rank, 6,
+    # is under min_rank 8 everywhere: together, the configuration is structured pruning alone
+    space = {"prune_structured": {"ratio": [0.75]}, "lowrank": {"rank_ratio": [0.4]}}
     notices = Notices()
-    result = run_search(spec("make_task", "noop", space, sampler="grid", n_trials=4), db_url=db_url, reporter=notices)
+    s = spec("make_task", "noop", space, sampler="grid", n_trials=6)
+    result = run_search(s, db_url=db_url, reporter=notices)
+    assert result.exhausted and "all 4 configurations" in result.exhausted
     with session_scope(open_engine(db_url)) as session:
         rows = session.scalars(select(Trial)).all()
+        same = session.scalars(select(TechniqueCheck).where(TechniqueCheck.kind == "same_as")).all()
     assert not any(r.state == "FAILED" for r in rows)
-    assert not any("lowrank" in r.description for r in rows)  # each row is what was measured
-    assert result.measured == 2 and result.repeats >= 2  # the baseline and int8; with low-rank, their repeats
-    assert any("changes nothing" in n or "no nn.Linear layer gets smaller" in n for n in notices.notices)
+    # each row is what was measured: never both techniques
+    assert not any("prune_structured" in r.description and "lowrank" in r.description for r in rows)
+    assert result.measured == 3  # the baseline, pruning, low-rank; the pair was one of them
+    [said] = [n for n in notices.notices if "no nn.Linear layer gets smaller" in n]
+    assert said.startswith("Trial ") and ("measured as prune_structured" in said or "a repeat of trial" in said)
+    assert [(c.technique, c.details["config"]["techniques"][0]["name"]) for c in same] == [
+        ("lowrank", "prune_structured")
+    ]
+
+
+def test_a_technique_that_changes_nothing_anywhere_leaves_the_space(db_url: str) -> None:
+    # at rank ratio 0.9 no 64-wide layer gets smaller: low-rank changes nothing on this model
+    space = {"int8_dynamic": {}, "lowrank": {"rank_ratio": [0.9]}}
+    notices = Notices()
+    result = run_search(spec("make_task", "noop", space, n_trials=4), db_url=db_url, reporter=notices)
+    [said] = [n for n in notices.notices if n.startswith("Leaving out lowrank")]
+    assert "changes nothing on this model" in said
+    assert result.exhausted and "all 2 configurations" in result.exhausted

@@ -64,7 +64,12 @@ def test_every_migration_upward_keeps_data(db_url: str) -> None:
                 f"(1, 1, 0, 'COMPLETE', '{{}}', 'c', 'baseline @ batch 1', TRUE, 1, 1, {now})"
             )
         )
-        for number, error in ((1, "int8_dynamic failed on this model: boom"), (2, "interrupted by the user")):
+        for number, error in (
+            (1, "int8_dynamic failed on this model: boom"),
+            (2, "interrupted by the user"),
+            (3, "OperationalError: database is locked"),
+            (4, "lowrank(rank_ratio=0.1) ran out of memory on cuda:0 at batch 8 (OutOfMemoryError: ...)"),
+        ):
             conn.execute(
                 text(
                     "INSERT INTO pareto_trials (id, study_id, optuna_number, state, config, config_key, description, "
@@ -93,7 +98,7 @@ def test_every_migration_upward_keeps_data(db_url: str) -> None:
         assert m.study_id == 1 and m.preferred is True
         # 0009: a configuration that broke is known from then on; an interrupted trial is not
         known = dict(session.execute(select(Trial.optuna_number, Trial.config_failed)).all())
-        assert known == {0: False, 1: True, 2: False}
+        assert known == {0: False, 1: True, 2: False, 3: False, 4: False}
         session.add(
             Measurement(
                 **{c.name: getattr(m, c.name) for c in Measurement.__table__.columns if c.name not in {"id", "kind"}},

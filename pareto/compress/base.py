@@ -193,11 +193,9 @@ def describe_techniques(device: str, task: Task | None = None) -> list[dict[str,
         >>> [t["name"] for t in describe_techniques("cpu") if t["family"] == "lowrank"]
         ['lowrank']
     """
-    from pareto.compress.cpu import on_this_cpu
+    from pareto.compress.cpu import cpu_facts
     from pareto.compress.kernels import kernel_reason
-    from pareto.measure.environment import host_cpu
 
-    features, capability = host_cpu() if device == "cpu" else (None, None)
     techniques = sorted(registry().values(), key=canonical_key)
     listing = []
     for cls in techniques:
@@ -214,7 +212,7 @@ def describe_techniques(device: str, task: Task | None = None) -> list[dict[str,
                 "backend": technique.backend(device) if reason is None else None,
                 "backends": list(cls.backends),
                 "judged_with": technique.params(),
-                "on_this_cpu": on_this_cpu(cls.name, features, capability) if device == "cpu" else None,
+                "on_this_cpu": cpu_facts(cls.name) if device == "cpu" else None,
             }
         )
     return listing

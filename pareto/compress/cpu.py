@@ -40,6 +40,12 @@ _CASTS: dict[str, tuple[tuple[tuple[str, str], ...], str]] = {
 }
 
 
+def kernel_library(name: str) -> str:
+    """Whose kernels technique ``name`` runs on a CPU, as ``pareto.measure.environment.host_cpu`` names them:
+    ONNX Runtime's MLAS, FBGEMM (PyTorch's dynamic int8) or oneDNN (casts, PT2E int8, Inductor)."""
+    return "mlas" if name.startswith("ort_") else "fbgemm" if name == "int8_dynamic" else "onednn"
+
+
 def on_this_cpu(name: str, features: str | None, capability: str | None = None) -> str | None:
     """What this CPU's instructions do for technique ``name`` (its ``KERNEL_FEATURES``, space-separated,
     and torch's dispatch level); None for a technique they do not decide."""
@@ -72,3 +78,11 @@ def _int8(have: set[str]) -> str:
     if "avx2" in have:
         return "no VNNI: int8 through AVX2 16-bit multiply-adds, smaller gains over float32"
     return "no int8 dot-product instructions listed: little to gain over float32"
+
+
+def cpu_facts(name: str) -> str | None:
+    """What this CPU's instructions, as the kernels technique ``name`` runs on may use them, do for it."""
+    from pareto.measure.environment import host_cpu
+
+    features, capability = host_cpu(kernel_library(name))
+    return on_this_cpu(name, features, capability)

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pareto.errors import exception_line
+from pareto.errors import NoEffect, exception_line
 
 if TYPE_CHECKING:
     from pareto.compress.base import Technique
@@ -68,6 +68,8 @@ def probe(technique: Technique, device: str) -> str | None:
         finite = out.is_meta or bool(torch.isfinite(out.float()).all())  # a meta tensor has no values to check
         if out.shape != (PROBE_BATCH, PROBE_WIDTH) or not finite:
             return f"a probe through its kernels on {device} gave a wrong output ({tuple(out.shape)}, or not finite)."
+    except NoEffect:  # nothing for it to do on the probe's MLP (ORT's fusions): its kernels are not in question
+        return None
     except Exception as exc:  # the kernel, the library or the driver refused: that is the reason
         return f"a probe through its kernels failed on {device}: {exception_line(exc)}."
     finally:

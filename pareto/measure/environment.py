@@ -32,7 +32,15 @@ OPTIONAL_KEY_FIELDS = (
 #: Environment variables that hold the CPU kernels below what the CPU has: oneDNN's (bf16, fp16 and int8
 #: matmuls, PT2E int8 compiled by Inductor), FBGEMM's (PyTorch's dynamic int8) and ATen's own dispatch.
 #: Set, they are part of the environment, and ``cpu_features`` keeps only what oneDNN may use.
-ISA_LIMITS = ("ONEDNN_MAX_CPU_ISA", "FBGEMM_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY")
+ISA_LIMITS = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "FBGEMM_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY")
+#: FBGEMM's ``FBGEMM_ENABLE_INSTRUCTIONS`` values and the x86 flags each lets it use.
+_FBGEMM_LEVELS = {
+    "AVX2": ("avx2", "fma", "f16c"),
+    "AVX512": ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl"),
+    "AVX512_256": ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl"),
+    "AVX512_E1": ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"),
+    "AVX512_E1_256": ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"),
+}
 #: oneDNN's ``ONEDNN_MAX_CPU_ISA`` levels, lowest first, with the x86 flags each one adds.
 _ONEDNN_LEVELS: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
     (("SSE41", "AVX"), ()),
@@ -98,10 +106,22 @@ def fingerprint(device: str, threads: int) -> dict[str, Any]:
     }
 
 
-def host_cpu() -> tuple[str | None, str | None]:
-    """This CPU's ``KERNEL_FEATURES`` (space-separated) and torch's dispatch level, as ``fingerprint`` records
-    them: what the kernels may use, under ``ONEDNN_MAX_CPU_ISA`` when that holds them lower."""
-    return cpu_features(_cpuinfo()), _cpu_capability()
+def host_cpu(library: str = "onednn") -> tuple[str | None, str | None]:
+    """This CPU's ``KERNEL_FEATURES`` (space-separated) that ``library``'s kernels may use, and torch's
+    dispatch level. "onednn" (what ``fingerprint`` records): under ``ONEDNN_MAX_CPU_ISA``; "fbgemm"
+    (PyTorch's dynamic int8): under ``FBGEMM_ENABLE_INSTRUCTIONS``; "mlas" (ONNX Runtime): everything,
+    since it has no such setting."""
+    cpuinfo = _cpuinfo()
+    if library == "onednn":
+        return cpu_features(cpuinfo), _cpu_capability()
+    flags = set((cpuinfo.get("flags") or cpuinfo.get("Features") or "").split())
+    allowed = (
+        _FBGEMM_LEVELS.get((os.environ.get("FBGEMM_ENABLE_INSTRUCTIONS") or "").upper())
+        if library == "fbgemm"
+        else None
+    )
+    present = [name for name in KERNEL_FEATURES if name in flags and (allowed is None or name in allowed)]
+    return " ".join(present) or None, _cpu_capability()
 
 
 def isa_limits() -> str | None:
@@ -117,6 +137,8 @@ def _onednn_allows(flag: str) -> bool:
     reached = next((k for k, names in enumerate(levels) if limit in names), None)
     if reached is None:
         return True
+    if flag == "avx_vnni":  # a branch of its own: AVX2_VNNI, or oneDNN's levels that have VNNI anyway
+        return limit.startswith("AVX2_VNNI") or reached >= levels.index(("AVX512_CORE_VNNI",))
     for k, (_, flags) in enumerate(_ONEDNN_LEVELS):
         if flag in flags:
             return k <= reached

@@ -77,12 +77,14 @@ def finish_trial(
     return row
 
 
-def retarget_trial(session: Session, trial_id: int, *, config: dict[str, Any], key: str, description: str) -> None:
+def retarget_trial(
+    session: Session, trial_id: int, *, config: dict[str, Any], key: str, description: str, is_baseline: bool
+) -> None:
     """A trial's configuration replaced by the one it turned out to be (a technique that changed nothing
     left out of it), before anything of it was measured."""
     row = session.get(Trial, trial_id)
     assert row is not None, f"trial {trial_id} is not stored"
-    row.config, row.config_key, row.description = config, key, description
+    row.config, row.config_key, row.description, row.is_baseline = config, key, description, is_baseline
 
 
 def baseline_trials(session: Session, study_id: int, batch_size: int) -> Sequence[Trial]:
@@ -95,13 +97,14 @@ def baseline_trials(session: Session, study_id: int, batch_size: int) -> Sequenc
 
 
 def configurations_tried(session: Session, study_id: int, env_id: int) -> int:
-    """Distinct configurations of the study measured, rejected early or failed in this environment."""
+    """Distinct configurations of the study measured, rejected early or failed in this environment, and
+    those found to be one of them with a technique that changed nothing (``same_as``)."""
     count = session.scalar(
         select(func.count(func.distinct(Trial.config_key))).where(
             Trial.study_id == study_id, Trial.environment_id == env_id, Trial.state.in_(VERDICT_STATES)
         )
     )
-    return int(count or 0)
+    return int(count or 0) + len(technique_checks(session, study_id, env_id, SAME_AS))
 
 
 def configuration_tried(session: Session, study_id: int, env_id: int, key: str) -> bool:
@@ -168,6 +171,35 @@ def rejected_early(
 
 
 # --- technique checks ----------------------------------------------------------------------------
+
+#: The check kind that says a configuration is another one: a technique in it changed nothing here
+#: (``config_key`` the proposed configuration's, ``details["config"]`` the one it is).
+SAME_AS = "same_as"
+
+
+def save_same_as(
+    session: Session, study_id: int, env_id: int, key: str, technique: str, reason: str, config: dict[str, Any]
+) -> None:
+    """Keep that configuration ``key`` is ``config`` here: ``technique`` in it changed nothing (``reason``)."""
+    save_technique_check(
+        session,
+        TechniqueCheck(
+            study_id=study_id,
+            environment_id=env_id,
+            kind=SAME_AS,
+            technique=technique,
+            config_key=key,
+            ok=True,
+            reason=reason,
+            details={"config": config},
+        ),
+    )
+
+
+def same_as(session: Session, study_id: int, env_id: int, key: str) -> dict[str, Any] | None:
+    """The configuration (as stored) that configuration ``key`` turned out to be here, or None."""
+    row = technique_checks(session, study_id, env_id, SAME_AS).get(key)
+    return None if row is None else dict(row.details["config"])
 
 
 def technique_checks(session: Session, study_id: int, env_id: int, kind: str) -> dict[str, TechniqueCheck]:
