@@ -190,6 +190,7 @@ def prepare(spec: SearchSpec, db_url: str, reporter: Reporter) -> SearchSetup:
         batch_size=batch_sizes[0],
         keep=spec.search.keep,
         notice=reporter.notice,
+        task_ref=spec.task,
     )
     conflicts = install_conflicts(techniques, bench.device)
     for a, b, why in conflicts:

@@ -225,6 +225,83 @@ def lever_speeds(
     return {name: _speeds(name, p50, failed[name], method) for name in levers}
 
 
+def isolated_lever_speeds(
+    layer: ProbeLayer, levers: dict[str, dict[str, Any]], backends: Sequence[Backend], *, threads: int | None
+) -> dict[str, dict[str, Any]]:
+    """``lever_speeds`` in a process of its own, so that a native crash while building or timing (seen: a
+    bf16 graph compiled beside a frozen PT2E graph aborted the process on an AMX Xeon, torch 2.13) ends
+    the probe, not the search. When that process dies, each lever is probed alone in a process of its
+    own; one whose process dies too is kept (``best`` None, its trials judge it) with the reason."""
+    found = _in_child(layer, levers, backends, threads)
+    if isinstance(found, dict):
+        return found
+    out = {}
+    for name, params in levers.items():
+        alone = _in_child(layer, {name: params}, backends, threads)
+        crashed = {"per_backend": {}, "best": None, "failed": {"probe": alone}, "method": ""}
+        out[name] = alone[name] if isinstance(alone, dict) else crashed
+    return out
+
+
+#: The lever probe's own process: the longest it may take (builds included) before it is stopped.
+PROBE_TIMEOUT_S = 900.0
+
+
+def _in_child(
+    layer: ProbeLayer,
+    levers: dict[str, dict[str, Any]],
+    backends: Sequence[Backend],
+    threads: int | None,
+    target: Callable[..., None] | None = None,
+) -> dict[str, dict[str, Any]] | str:
+    """``lever_speeds`` in a spawned process (``target``: ``_probe_child``); its result, or why the process
+    gave none."""
+    import tempfile
+    from pathlib import Path
+
+    import torch
+
+    with tempfile.TemporaryDirectory(prefix="pareto-probe-") as folder:
+        source = Path(folder) / "layer.pt"
+        torch.save({"module": layer.module, "inputs": layer.inputs, "shape": layer.shape}, source)
+        return in_process_of_its_own(target or _probe_child, str(source), levers, list(backends), threads)
+
+
+def in_process_of_its_own(target: Callable[..., None], *args: Any) -> dict[str, Any] | str:
+    """``target(*args, out)`` in a spawned process that writes its result to the JSON file ``out``; the
+    result, or why the process gave none (a native crash, ``PROBE_TIMEOUT_S`` passed)."""
+    import multiprocessing
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory(prefix="pareto-child-") as folder:
+        out = Path(folder) / "out.json"
+        child = multiprocessing.get_context("spawn").Process(target=target, args=(*args, str(out)))
+        child.start()
+        child.join(PROBE_TIMEOUT_S)
+        if child.is_alive():
+            child.kill()
+            child.join()
+            return f"its process ran over {PROBE_TIMEOUT_S:.0f} s and was stopped"
+        if child.exitcode != 0 or not out.exists():
+            return f"its process ended with exit code {child.exitcode}"
+        return dict(json.loads(out.read_text()))
+
+
+def _probe_child(
+    source: str, levers: dict[str, dict[str, Any]], backends: list[Backend], threads: int | None, target: str
+) -> None:
+    """The lever probe's process: the layer from ``source``, the speeds to ``target`` (JSON)."""
+    from pathlib import Path
+
+    import torch
+
+    saved = torch.load(source, weights_only=False)
+    layer = ProbeLayer(saved["module"], saved["inputs"], saved["shape"])
+    speeds = lever_speeds(layer, levers, backends, threads=threads)
+    Path(target).write_text(json.dumps(speeds))
+
+
 def _speeds(name: str, p50: dict[tuple[str, Backend], float], failed: dict[str, str], method: str) -> dict[str, Any]:
     per_backend = {
         backend: {
@@ -278,10 +355,12 @@ def steer_space(
     batch_size: int,
     keep: Sequence[str],
     notice: Callable[[str], None],
+    task_ref: str,
 ) -> Techniques:
     """The space this study searches here: the techniques that pay (CPU levers, but those ``keep`` names:
     searched without a probe) and run on this model (every technique), each check read from the database
-    or taken now and stored."""
+    or taken now and stored. ``task_ref`` names the task (``load_task``) for the checks that build in a
+    process of their own."""
     kept = dict(techniques)
     if bench.device == "cpu":
         judged = {name: space for name, space in kept.items() if name not in keep}
@@ -289,7 +368,7 @@ def steer_space(
             if not checked.ok:
                 notice(f"Leaving out {name}: {checked.reason}; name it in search.keep to search it anyway.")
                 kept.pop(name)
-    for name, checked in _runs(bench, study_id, kept, backends, batch_size).items():
+    for name, checked in _runs(bench, study_id, kept, backends, batch_size, task_ref).items():
         if not checked.ok:
             notice(f"Leaving out {name}: {checked.reason}.")
             kept.pop(name)
@@ -297,7 +376,7 @@ def steer_space(
 
 
 def _runs(
-    bench: Bench, study_id: int, techniques: Techniques, backends: Sequence[Backend], batch_size: int
+    bench: Bench, study_id: int, techniques: Techniques, backends: Sequence[Backend], batch_size: int, task_ref: str
 ) -> dict[str, Checked]:
     """The runs check of each technique: at the first point of its space and, when that does not run, at the
     last (a failure of some parameters only is the trials' to find, each one once). None is taken when
@@ -315,15 +394,24 @@ def _runs(
             for params in (points if points[0] != points[1] else points[:1])
         ]
         key = check_key("runs", {"configurations": [c.to_dict() for c in configs], "model": model})
-        out[name] = _stored_or_taken(bench, study_id, "runs", key, functools.partial(_run_alone, bench, configs))
+        take = functools.partial(_run_alone, bench, configs, task_ref)
+        out[name] = _stored_or_taken(bench, study_id, "runs", key, take)
     return out
 
 
-def _run_alone(bench: Bench, configs: list[Config]) -> Checked:
-    """The first of ``configs`` that runs keeps the technique; none: why, the first failure's reason first."""
-    outcomes = [runs_alone(bench.task, c, device=bench.device, threads=bench.threads) for c in configs[:1]]
-    if outcomes[0][0] != "runs" and len(configs) > 1:
-        outcomes.append(runs_alone(bench.task, configs[1], device=bench.device, threads=bench.threads))
+def _run_alone(bench: Bench, configs: list[Config], task_ref: str) -> Checked:
+    """The first of ``configs`` that runs keeps the technique; none: why, the first failure's reason first.
+    Configurations served compiled are built in a process of their own: Inductor's state after a PT2E
+    graph compiled with freezing aborted a later bf16 compile of the same process on an AMX Xeon (torch
+    2.13, "double free or corruption"), and the search's own trials must not inherit it."""
+    if any(c.backend == "compile" for c in configs):
+        found = in_process_of_its_own(
+            _runs_child, task_ref, bench.device, bench.threads, [c.to_dict() for c in configs]
+        )
+        why = f"{configs[0].describe()} could not be built: {found}" if isinstance(found, str) else ""
+        outcomes = [("fails", why)] if isinstance(found, str) else [tuple(o) for o in found["outcomes"]]
+    else:
+        outcomes = _outcomes(bench.task, configs, bench.device, bench.threads)
     name, tried = configs[0].techniques[0].name, {"configurations": [c.describe() for c in configs]}
     if any(status == "runs" for status, _ in outcomes):
         return Checked(name, True, None, tried)
@@ -332,6 +420,28 @@ def _run_alone(bench: Bench, configs: list[Config]) -> Checked:
         return Checked(name, False, f"on its own it failed on this model ({failed[0].rstrip('.')})", tried)
     nothing = (outcomes[0][1] or "").rstrip(".")
     return Checked(name, False, f"it changes nothing on this model at either end of its space ({nothing})", tried)
+
+
+def _outcomes(task: Task, configs: list[Config], device: str, threads: int | None) -> list[tuple[str, str | None]]:
+    """``runs_alone`` of each of ``configs`` until one runs."""
+    outcomes = []
+    for config in configs:
+        outcomes.append(runs_alone(task, config, device=device, threads=threads))
+        if outcomes[-1][0] == "runs":
+            break
+    return outcomes
+
+
+def _runs_child(task_ref: str, device: str, threads: int | None, configs: list[dict[str, Any]], out: str) -> None:
+    """The runs check's own process: the task loaded again, ``_outcomes`` to ``out`` (JSON)."""
+    from pathlib import Path
+
+    from pareto.devices import on_device
+    from pareto.task import load_task
+
+    task = on_device(load_task(task_ref), device)
+    outcomes = _outcomes(task, [Config.from_dict(c) for c in configs], device, threads)
+    Path(out).write_text(json.dumps({"outcomes": outcomes}))
 
 
 def model_signature(model: nn.Module) -> str:
@@ -369,7 +479,7 @@ def _pays(
         known = {name: _checked(stored[key]) for name, key in keys.items() if key in stored}
     todo = {name: p for name, p in levers.items() if name not in known}
     if todo:
-        speeds = lever_speeds(layer, todo, backends, threads=bench.threads)
+        speeds = isolated_lever_speeds(layer, todo, backends, threads=bench.threads)
         for name, measured in speeds.items():
             best = measured["best"]
             ok = best is None or best >= PAYS_BELOW  # nothing timed: the runs check judges it on the model

@@ -94,7 +94,7 @@ calls: list[list[str]] = []
 
 def test_a_lever_slower_than_float32_leaves_the_space_unless_kept(db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     calls.clear()
-    monkeypatch.setattr(space_checks, "lever_speeds", _slow_bf16)
+    monkeypatch.setattr(space_checks, "isolated_lever_speeds", _slow_bf16)
     monkeypatch.setattr(space_checks, "cpu_facts", lambda name: "not native (no AMX or AVX-512 BF16)")
     notices: list[str] = []
 
@@ -127,3 +127,29 @@ def test_keep_names_levers_only() -> None:
 
     with pytest.raises(UsageError, match="not one of the CPU levers"):
         load_spec(None, {"search.keep": ["lowrank"]})
+
+
+def _abort(*_: object) -> None:
+    import os
+
+    os.abort()  # what a native crash (a double free in a compiled kernel) does to the process
+
+
+def test_a_probe_that_crashes_its_process_ends_the_probe_not_the_search(monkeypatch: pytest.MonkeyPatch) -> None:
+    layer = space_checks.ProbeLayer(nn.Linear(8, 8).eval(), torch.randn(4, 8), "8→8 linear at 4 rows")
+    said = space_checks._in_child(layer, {"bf16": {}}, ("eager",), 1, target=_abort)
+    assert isinstance(said, str) and "ended with exit code" in said
+    # the whole probe's process dies: each lever alone, and one that still cannot be timed is kept
+    runs: list[list[str]] = []
+
+    def child(layer: Any, levers: dict[str, Any], backends: Any, threads: Any, target: Any = None) -> Any:
+        runs.append(sorted(levers))
+        if len(levers) > 1 or "bf16" in levers:
+            return "the probe's process ended with exit code -6"
+        return {name: {"per_backend": {}, "best": 1.5, "failed": {}, "method": "m"} for name in levers}
+
+    monkeypatch.setattr(space_checks, "_in_child", child)
+    speeds = space_checks.isolated_lever_speeds(layer, {"bf16": {}, "int8_dynamic": {}}, ("eager",), threads=1)
+    assert runs == [["bf16", "int8_dynamic"], ["bf16"], ["int8_dynamic"]]
+    assert speeds["int8_dynamic"]["best"] == 1.5
+    assert speeds["bf16"]["best"] is None and "exit code -6" in speeds["bf16"]["failed"]["probe"]
