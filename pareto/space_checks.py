@@ -17,7 +17,6 @@ the study, or another worker, reads them instead of taking them again:
 from __future__ import annotations
 
 import copy
-import functools
 import hashlib
 import json
 from collections.abc import Callable, Sequence
@@ -380,38 +379,67 @@ def _runs(
 ) -> dict[str, Checked]:
     """The runs check of each technique: at the first point of its space and, when that does not run, at the
     last (a failure of some parameters only is the trials' to find, each one once). None is taken when
-    the uncompressed model itself does not run: the baseline's pre-flight says why."""
-    base = Config(batch_size=batch_size)
-    if runs_alone(bench.task, base, device=bench.device, threads=bench.threads)[0] != "runs":
+    the uncompressed model itself does not run: the baseline's pre-flight says why.
+
+    In a search that compiles (the compile backend), the checks build in a process of their own: a
+    process's state after the checks' builds (exports, training, a PT2E graph compiled with freezing)
+    aborted a later bf16 compile of the same process on an AMX Xeon (torch 2.13, "double free or
+    corruption"), and the search's trials must not inherit it."""
+    from pareto.store import trials
+    from pareto.store.engine import session_scope
+
+    if runs_alone(bench.task, Config(batch_size=batch_size), device=bench.device, threads=bench.threads)[0] != "runs":
         return {}
     model = model_signature(bench.task.model)
-    out = {}
-    for name, space in techniques.items():
-        backend = serving_backend(name, backends)
-        points = [first_params(space), last_params(space)]
-        configs = [
-            Config(techniques=(get_technique(name, params),), batch_size=batch_size, backend=backend)
-            for params in (points if points[0] != points[1] else points[:1])
-        ]
-        key = check_key("runs", {"configurations": [c.to_dict() for c in configs], "model": model})
-        take = functools.partial(_run_alone, bench, configs, task_ref)
-        out[name] = _stored_or_taken(bench, study_id, "runs", key, take)
+    plans = {name: _run_configs(name, space, backends, batch_size) for name, space in techniques.items()}
+    keys = {name: check_key("runs", {"configurations": [c.to_dict() for c in configs], "model": model})
+            for name, configs in plans.items()}  # fmt: skip
+    with session_scope(bench.engine) as session:
+        stored = trials.technique_checks(session, study_id, bench.env_id, "runs")
+        out = {name: _checked(stored[key]) for name, key in keys.items() if key in stored}
+    todo = {name: configs for name, configs in plans.items() if name not in out}
+    if not todo:
+        return out
+    if "compile" in backends or any(c.backend == "compile" for configs in todo.values() for c in configs):
+        outcomes = _outcomes_apart(task_ref, bench.device, bench.threads, todo)
+    else:
+        outcomes = {name: _outcomes(bench.task, configs, bench.device, bench.threads) for name, configs in todo.items()}
+    for name, configs in todo.items():
+        out[name] = _save(bench, study_id, "runs", keys[name], _verdict(configs, outcomes[name]))
     return out
 
 
-def _run_alone(bench: Bench, configs: list[Config], task_ref: str) -> Checked:
-    """The first of ``configs`` that runs keeps the technique; none: why, the first failure's reason first.
-    Configurations served compiled are built in a process of their own: Inductor's state after a PT2E
-    graph compiled with freezing aborted a later bf16 compile of the same process on an AMX Xeon (torch
-    2.13, "double free or corruption"), and the search's own trials must not inherit it."""
-    if any(c.backend == "compile" for c in configs):
-        found = in_process_of_its_own(
-            _runs_child, task_ref, bench.device, bench.threads, [c.to_dict() for c in configs]
-        )
-        why = f"{configs[0].describe()} could not be built: {found}" if isinstance(found, str) else ""
-        outcomes = [("fails", why)] if isinstance(found, str) else [tuple(o) for o in found["outcomes"]]
-    else:
-        outcomes = _outcomes(bench.task, configs, bench.device, bench.threads)
+def _run_configs(name: str, space: dict[str, Any], backends: Sequence[Backend], batch_size: int) -> list[Config]:
+    """The technique alone at the first point of its space, then at the last (when it differs)."""
+    backend = serving_backend(name, backends)
+    points = [first_params(space), last_params(space)]
+    return [
+        Config(techniques=(get_technique(name, params),), batch_size=batch_size, backend=backend)
+        for params in (points if points[0] != points[1] else points[:1])
+    ]
+
+
+def _outcomes_apart(
+    task_ref: str, device: str, threads: int | None, todo: dict[str, list[Config]]
+) -> dict[str, list[tuple[str, str | None]]]:
+    """``_outcomes`` of every technique in one process of its own; when it dies, each technique in one of its
+    own, and one whose process dies too fails with that reason."""
+    plans = {name: [c.to_dict() for c in configs] for name, configs in todo.items()}
+    found = in_process_of_its_own(_runs_child, task_ref, device, threads, plans)
+    if isinstance(found, dict):
+        return {name: [(str(o[0]), o[1]) for o in outcomes] for name, outcomes in found.items()}
+    out = {}
+    for name, configs in todo.items():
+        alone = in_process_of_its_own(_runs_child, task_ref, device, threads, {name: plans[name]})
+        if isinstance(alone, dict):
+            out[name] = [(str(o[0]), o[1]) for o in alone[name]]
+        else:
+            out[name] = [("fails", f"{configs[0].describe()} could not be built: {alone}")]
+    return out
+
+
+def _verdict(configs: list[Config], outcomes: list[tuple[str, str | None]]) -> Checked:
+    """The first of ``configs`` that runs keeps the technique; none: why, the first failure's reason first."""
     name, tried = configs[0].techniques[0].name, {"configurations": [c.describe() for c in configs]}
     if any(status == "runs" for status, _ in outcomes):
         return Checked(name, True, None, tried)
@@ -432,16 +460,21 @@ def _outcomes(task: Task, configs: list[Config], device: str, threads: int | Non
     return outcomes
 
 
-def _runs_child(task_ref: str, device: str, threads: int | None, configs: list[dict[str, Any]], out: str) -> None:
-    """The runs check's own process: the task loaded again, ``_outcomes`` to ``out`` (JSON)."""
+def _runs_child(
+    task_ref: str, device: str, threads: int | None, plans: dict[str, list[dict[str, Any]]], out: str
+) -> None:
+    """The runs checks' own process: the task loaded again, each technique's ``_outcomes`` to ``out`` (JSON)."""
     from pathlib import Path
 
     from pareto.devices import on_device
     from pareto.task import load_task
 
     task = on_device(load_task(task_ref), device)
-    outcomes = _outcomes(task, [Config.from_dict(c) for c in configs], device, threads)
-    Path(out).write_text(json.dumps({"outcomes": outcomes}))
+    found = {
+        name: _outcomes(task, [Config.from_dict(c) for c in configs], device, threads)
+        for name, configs in plans.items()
+    }
+    Path(out).write_text(json.dumps(found))
 
 
 def model_signature(model: nn.Module) -> str:
@@ -486,17 +519,6 @@ def _pays(
             reason = None if ok else lever_sentence(name, measured, cpu_facts(name), layer.describe())
             known[name] = _save(bench, study_id, "pays", keys[name], Checked(name, ok, reason, measured))
     return known
-
-
-def _stored_or_taken(bench: Bench, study_id: int, kind: str, key: str, take: Callable[[], Checked]) -> Checked:
-    from pareto.store import trials
-    from pareto.store.engine import session_scope
-
-    with session_scope(bench.engine) as session:
-        row = trials.technique_checks(session, study_id, bench.env_id, kind).get(key)
-        if row is not None:
-            return _checked(row)
-    return _save(bench, study_id, kind, key, take())
 
 
 def _checked(row: Any) -> Checked:
