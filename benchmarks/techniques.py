@@ -159,6 +159,9 @@ def _build_rows(task: Task, configs: list[Config]) -> list[tuple[str, Served | s
 
 
 def main() -> None:
+    from pareto.measure.environment import separate_compiled_code
+
+    separate_compiled_code()  # as the bench does: code compiled under other kernel limits stays apart
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--task", action="append", default=None, choices=sorted(CONFIGS))
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())

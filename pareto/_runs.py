@@ -100,8 +100,9 @@ def open_bench(
     import torch
 
     from pareto.devices import on_device, resolve_device
-    from pareto.measure.environment import fingerprint
+    from pareto.measure.environment import fingerprint, separate_compiled_code
 
+    separate_compiled_code()  # before anything compiles: code compiled under other kernel limits stays apart
     device = resolve_device(measure.device)
     threads = measure.threads or torch.get_num_threads()
     env_fp = fingerprint(device, threads)

@@ -227,10 +227,11 @@ def lever_speeds(
 def isolated_lever_speeds(
     layer: ProbeLayer, levers: dict[str, dict[str, Any]], backends: Sequence[Backend], *, threads: int | None
 ) -> dict[str, dict[str, Any]]:
-    """``lever_speeds`` in a process of its own, so that a native crash while building or timing (seen: a
-    bf16 graph compiled beside a frozen PT2E graph aborted the process on an AMX Xeon, torch 2.13) ends
-    the probe, not the search. When that process dies, each lever is probed alone in a process of its
-    own; one whose process dies too is kept (``best`` None, its trials judge it) with the reason."""
+    """``lever_speeds`` in a process of its own, so that a native crash while building or timing ends the
+    probe, not the search (seen while this was written: Inductor code cached by a process held to AVX2,
+    loaded by one that may use AMX, aborted it; ``pareto.measure.environment.separate_compiled_code``
+    now keeps them apart). When that process dies, each lever is probed alone in a process of its own;
+    one whose process dies too is kept (``best`` None, its trials judge it) with the reason."""
     found = _in_child(layer, levers, backends, threads)
     if isinstance(found, dict):
         return found
@@ -382,9 +383,9 @@ def _runs(
     the uncompressed model itself does not run: the baseline's pre-flight says why.
 
     In a search that compiles (the compile backend), the checks build in a process of their own: a
-    process's state after the checks' builds (exports, training, a PT2E graph compiled with freezing)
-    aborted a later bf16 compile of the same process on an AMX Xeon (torch 2.13, "double free or
-    corruption"), and the search's trials must not inherit it."""
+    technique whose build or compiled code crashes natively (as Inductor's cached code did, see
+    ``isolated_lever_speeds``) then fails its check with that reason instead of ending the search, and
+    the search's trials start from the process state they had before the checks existed."""
     from pareto.store import trials
     from pareto.store.engine import session_scope
 

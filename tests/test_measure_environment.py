@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -153,3 +155,20 @@ def test_kernels_held_below_the_cpu_are_what_the_facts_and_the_key_follow(monkey
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "avx512_core_vnni")  # oneDNN reads it in any case
     assert "avx512_vnni" in _fingerprint_on(monkeypatch, SAPPHIRE_RAPIDS)["cpu_features"]
     assert "amx_tile" not in _fingerprint_on(monkeypatch, SAPPHIRE_RAPIDS)["cpu_features"]
+
+
+def test_code_compiled_under_kernel_limits_is_cached_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pareto.measure.environment import separate_compiled_code
+
+    for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "FBGEMM_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    assert separate_compiled_code() is None and "TORCHINDUCTOR_CACHE_DIR" not in os.environ  # Inductor's own
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    avx2 = separate_compiled_code()
+    assert avx2 is not None and os.environ["TORCHINDUCTOR_CACHE_DIR"] == avx2
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE")
+    assert separate_compiled_code() not in (None, avx2)  # other limits, another folder
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/somewhere/mine")
+    assert separate_compiled_code() is None and os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/somewhere/mine"

@@ -130,6 +130,27 @@ def isa_limits() -> str | None:
     return ", ".join(said) or None
 
 
+def separate_compiled_code() -> str | None:
+    """Give Inductor a cache folder of its own for this process's ``ISA_LIMITS`` (unless the user set
+    ``TORCHINDUCTOR_CACHE_DIR``); the folder, or None when nothing was changed.
+
+    Inductor's on-disk cache does not key its entries by these limits: a PT2E graph compiled with
+    freezing under ``ONEDNN_MAX_CPU_ISA=AVX2`` and loaded from the shared cache by a process that may
+    use AMX aborted it ("double free or corruption", torch 2.13 on a Xeon with AMX). Measurements under
+    other limits are another environment; their compiled code is kept apart the same way.
+    """
+    limits = isa_limits()
+    if limits is None or os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        return None
+    import tempfile
+
+    user = os.getuid() if hasattr(os, "getuid") else 0
+    suffix = hashlib.sha256(limits.encode()).hexdigest()[:12]
+    folder = str(Path(tempfile.gettempdir()) / f"torchinductor_{user}_{suffix}")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
+    return folder
+
+
 def _onednn_allows(flag: str) -> bool:
     """Whether ``ONEDNN_MAX_CPU_ISA`` (unset or unknown: everything) lets oneDNN use x86 ``flag``."""
     limit = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "ALL").upper()
