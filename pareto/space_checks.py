@@ -3,15 +3,19 @@
 Two checks, each stored per study and environment (``pareto_technique_checks``), so that a later run of
 the study, or another worker, reads them instead of taking them again:
 
-- **runs**: the technique alone, built on the task's model on the backend it would be served on, then one
-  forward on the example input (no timing). A technique that breaks the model on its own (a model whose
-  own code reads what the technique replaces or casts) leaves the space with one line saying why: the
-  search never spends a trial on it.
+- **runs**: the technique alone (at the first point of its space, then the last), built on the task's
+  model on the backend it would be served on, then one forward on the example input (no timing). A
+  technique that breaks the model on its own (a model whose own code reads what the technique replaces
+  or casts), or changes nothing on it, leaves the space with one line saying why: the search never
+  spends a trial on it.
 - **pays** (the CPU's levers: casts and int8, ``pareto.compress.cpu.LEVERS``): the technique on one layer
-  of the task's widths (the ``nn.Linear`` that carries most of the model's FLOPs, fed the input it sees
-  in the model) timed in interleaved rounds beside the same layer in float32 on the same backend. A
-  lever slower than float32 on every backend of the search leaves the space with one line (the CPU's
-  facts in it, as ``pareto techniques`` says them), unless ``search.keep`` names it.
+  of the task's widths (the ``nn.Linear`` or ``nn.Conv2d`` that carries most of the model's FLOPs, fed
+  the input it sees in the model) timed in interleaved rounds beside the same layer in float32 on the
+  same backend, in a process of its own. A lever under ``PAYS_BELOW`` float32's speed on every backend
+  of the search leaves the space with one line (the CPU's facts in it, as ``pareto techniques`` says
+  them), unless ``search.keep`` names it.
+
+Also here: the space a search starts from on its device (``space_for_device``, ``available_techniques``).
 """
 
 from __future__ import annotations
