@@ -282,10 +282,14 @@ def in_process_of_its_own(target: Callable[..., None], *args: Any) -> dict[str, 
         out = Path(folder) / "out.json"
         child = multiprocessing.get_context("spawn").Process(target=target, args=(*args, str(out)))
         child.start()
-        child.join(PROBE_TIMEOUT_S)
-        if child.is_alive():
-            child.kill()
-            child.join()
+        try:
+            child.join(PROBE_TIMEOUT_S)
+            timed_out = child.is_alive()
+        finally:  # timed out, or this process interrupted (Ctrl-C, SIGTERM): the child goes with it
+            if child.is_alive():
+                child.kill()
+                child.join()
+        if timed_out:
             return f"its process ran over {PROBE_TIMEOUT_S:.0f} s and was stopped"
         if child.exitcode != 0 or not out.exists():
             return f"its process ended with exit code {child.exitcode}"
