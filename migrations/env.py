@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from alembic import context
-from sqlalchemy import create_engine
 
-from pareto.store.engine import VERSION_TABLE
+from pareto.store.engine import VERSION_TABLE, migration_connection, open_engine
 from pareto.store.models import Base
 
 config = context.config
@@ -31,10 +30,13 @@ def run_migrations_offline() -> None:
 
 def run_migrations_online() -> None:
     connection = config.attributes.get("connection")
-    if connection is None:
-        engine = create_engine(config.get_main_option("sqlalchemy.url"))
-        with engine.begin() as conn:
-            _run(conn)
+    if connection is None:  # the alembic command line: the same one transaction and lock as ``pareto db upgrade``
+        engine = open_engine(config.get_main_option("sqlalchemy.url"))
+        try:
+            with migration_connection(engine) as conn:
+                _run(conn)
+        finally:
+            engine.dispose()
     else:
         _run(connection)
 

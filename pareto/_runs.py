@@ -123,7 +123,7 @@ def _stored_environment(
     """The engine, the environment's id (stored unless read-only), its calibration, why none, its quiet probe time."""
     from pareto.errors import StoreError
     from pareto.measure.environment import environment_key
-    from pareto.store.engine import require_schema
+    from pareto.store.engine import get_or_create, require_schema
 
     if db_url is None:
         return None, None, None, None, None
@@ -138,7 +138,8 @@ def _stored_environment(
             raise
         return None, None, None, None, None  # no database yet: no calibration, the probe's quiet time is its own
     with session_scope(engine) as session:
-        env_id = None if read_only else queries.environment_id(session, env_fp)
+        # two first runs on one host at once both store the environment: one insert wins, the other reads it
+        env_id = None if read_only else get_or_create(session, lambda s: queries.environment_id(s, env_fp))
         calibration, note = queries.host_calibration(session, env_fp)
         quiet = queries.probe_quiet_ms(session, environment_key(env_fp))
     return engine, env_id, calibration, note, quiet

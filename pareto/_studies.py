@@ -8,18 +8,21 @@ from __future__ import annotations
 
 import os
 import warnings
+from typing import Any
 
 import optuna
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
-from pareto.errors import UsageError
+from pareto.errors import StoreError, UsageError, message_line
 from pareto.frontier import DEFAULT_OBJECTIVE_NAMES, objective_metrics
 from pareto.spec import SearchSpec
-from pareto.store import trials
+from pareto.store import queries, trials
 from pareto.store.engine import (
     check_path,
+    display_url,
     engine_kwargs,
+    existing_engine,
     immediate_transactions,
     open_engine,
     session_scope,
@@ -88,6 +91,7 @@ def create_study(spec: SearchSpec, *, db_url: str) -> str:
     Returns:
         The study's name. An existing study is checked against the spec (task, objectives) and kept.
     """
+    check_study_name(spec)
     check_path(db_url)
     engine = open_engine(db_url)
     upgrade(engine)
@@ -120,12 +124,26 @@ def stored_sampler(session: Session, study_name: str) -> str | None:
     return None if row is None else str((row.spec.get("search") or {}).get("sampler", "tpe"))
 
 
+#: The longest study name the database holds (``pareto_studies.name``).
+MAX_STUDY_NAME: int = Study.__table__.c.name.type.length  # type: ignore[attr-defined]
+
+
+def check_study_name(spec: SearchSpec) -> None:
+    """Raises UsageError for a study name the database cannot hold, or an empty one (which would
+    silently mean the task's name)."""
+    if spec.study is not None and not spec.study.strip():
+        raise UsageError("A study name cannot be empty; pass --study NAME, or leave it out for the task's name.")
+    if len(spec.study_name) > MAX_STUDY_NAME:
+        raise UsageError(f"A study name has at most {MAX_STUDY_NAME} characters; this one has {len(spec.study_name)}.")
+
+
 def get_or_create_study(session: Session, spec: SearchSpec) -> Study:
     """The study's row, created when new (another worker creating it at the same moment is fine).
 
     Raises:
-        UsageError: the study exists for another task or other objectives.
+        UsageError: the study exists for another task or other objectives; a name the database cannot hold.
     """
+    check_study_name(spec)
     row = trials.study_named(session, spec.study_name)
     spec_json = spec.model_dump(mode="json")
     if row is None:
@@ -145,3 +163,42 @@ def get_or_create_study(session: Session, spec: SearchSpec) -> Study:
     row.spec = spec_json  # the latest SLO and space; every trial keeps its own config
     row.updated_at = utcnow()
     return row
+
+
+def delete_study(name: str, *, db_url: str) -> dict[str, Any]:
+    """Remove a study, pareto's rows (trials, measurements, runs, nightly history) and Optuna's study of
+    that name, in one transaction: a failure halfway leaves both as they were.
+
+    Raises:
+        UsageError: no such study. StoreError: the database cannot be written.
+    """
+    engine = existing_engine(db_url)
+    try:
+        with session_scope(engine) as session:
+            removed = queries.delete_study(session, name)
+            removed["optuna"] = _delete_optuna_study(session, name)
+    finally:
+        engine.dispose()
+    return removed
+
+
+def _delete_optuna_study(session: Session, name: str) -> str:
+    """Optuna's study ``name`` deleted in ``session`` as Optuna's storage deletes it (its trials, values,
+    parameters and attributes go with it, by its models' cascades); whether it was there."""
+    from optuna.storages._rdb import models
+    from sqlalchemy import inspect
+    from sqlalchemy.exc import SQLAlchemyError
+
+    if not inspect(session.connection()).has_table(models.StudyModel.__tablename__):
+        return "was not there"
+    try:
+        study = models.StudyModel.find_or_raise_by_name(name, session)
+    except KeyError:
+        return "was not there"
+    except SQLAlchemyError as exc:  # tables of another Optuna version
+        raise StoreError(
+            f"Cannot delete Optuna's study {name!r} in {display_url(session.connection().engine.url)}: "
+            f"{message_line(getattr(exc, 'orig', None) or exc)}; nothing was deleted."
+        ) from exc
+    session.delete(study)
+    return "deleted"

@@ -138,11 +138,13 @@ def _start_worker(
     child = spec.model_copy(update={"search": search, "measure": spec.measure.model_copy(update={"device": device})})
     path = folder / f"worker-{number}.json"
     path.write_text(json.dumps(child.model_dump(mode="json")))
-    env = {**os.environ, "PARETO_WORKER": str(number)}
+    # the URL travels in the environment, which only its user can read: a command line, password
+    # included, would show in every user's ps
+    env = {**os.environ, "PARETO_WORKER": str(number), "PARETO_DB_URL": db_url}
     if visible is not None:
         env["CUDA_VISIBLE_DEVICES"] = visible
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pareto", "search", "--spec-json", str(path), "--db", db_url, "--worker"],
+        [sys.executable, "-m", "pareto", "search", "--spec-json", str(path), "--worker"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -290,26 +290,9 @@ def delete_study(name: str, *, db: str | None = None) -> dict[str, Any]:
     Raises:
         UsageError: no such study.
     """
-    url = resolve_url(db)
-    engine = existing_engine(url)
-    with session_scope(engine) as session:
-        removed = queries.delete_study(session, name)
-    removed["optuna"] = _delete_optuna_study(name, url)
-    return removed
+    from pareto._studies import delete_study as _delete  # pareto's rows and Optuna's, in one transaction
 
-
-def _delete_optuna_study(name: str, url: str) -> str:
-    import optuna
-
-    from pareto.store.engine import engine_kwargs
-
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
-    storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs(url))
-    try:
-        optuna.delete_study(study_name=name, storage=storage)
-    except KeyError:
-        return "was not there"
-    return "deleted"
+    return _delete(name, db_url=resolve_url(db))
 
 
 def _environment_note(study: str, used: str | None, known: list[dict[str, Any]]) -> dict[str, Any]:
@@ -509,7 +492,7 @@ def calibrate(
     from pareto.devices import resolve_device
     from pareto.measure.calibrate import calibrate as run
     from pareto.measure.environment import fingerprint
-    from pareto.store.engine import upgrade
+    from pareto.store.engine import get_or_create, upgrade
 
     resolved = resolve_device(device)
     import torch
@@ -520,7 +503,7 @@ def calibrate(
     profile = run(resolved, seconds_budget=seconds, threads=used_threads)
     env = fingerprint(resolved, used_threads)
     with session_scope(engine) as session:
-        env_id = queries.environment_id(session, env)
+        env_id = get_or_create(session, lambda s: queries.environment_id(s, env))
         add_calibration(
             session,
             env_id,

@@ -60,6 +60,32 @@ def test_shares_split_the_trials() -> None:
     assert shares(10, 3) == [4, 3, 3] and shares(2, 4) == [1, 1, 0, 0] and sum(shares(24, 4)) == 24
 
 
+def test_workers_get_the_database_url_in_their_environment_not_their_command_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a command line is every user's to read (ps, /proc/PID/cmdline): a password there is a password shown
+    import io
+
+    from pareto import _workers
+    from pareto.spec import load_spec
+
+    url = "postgresql+psycopg://pareto:s3cr3t-Pa55@db.example:5432/pareto"
+    started: list[tuple[list[str], dict[str, str]]] = []
+
+    class FakePopen:
+        def __init__(self, args: list[str], **kwargs: Any) -> None:
+            started.append((args, kwargs["env"]))
+            self.stderr = io.StringIO("")
+
+    monkeypatch.setattr(_workers.subprocess, "Popen", FakePopen)
+    spec = load_spec(None, {"task": "tests.tiny_task:make_task", "study": "w"})
+    worker = _workers._start_worker(spec, 0, 1, ("cpu", None), url, tmp_path, reporter=None)  # type: ignore[arg-type]
+    worker.relay.join(timeout=5)
+    [(argv, env)] = started
+    assert not any("s3cr3t" in arg for arg in argv), argv
+    assert env["PARETO_DB_URL"] == url  # `pareto search --worker` reads --db from PARETO_DB_URL
+
+
 def test_an_enqueued_trial_is_taken_by_one_worker(db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # Optuna takes a queued trial by reading it WAITING, then writing RUNNING (optuna/optuna#4002): on
     # SQLite the read took no lock, so two workers could both take it and measure it under one number

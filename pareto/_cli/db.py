@@ -16,8 +16,8 @@ def command() -> None:
 @db_option
 def db_upgrade(db: str | None) -> None:
     """Create or migrate pareto's tables to the latest revision."""
-    from pareto.store.engine import current_revision, open_engine, resolve_url, upgrade
+    from pareto.store.engine import current_revision, display_url, open_engine, resolve_url, upgrade
 
     engine = open_engine(resolve_url(db))
     upgrade(engine)
-    out.print(f"Database {engine.url.render_as_string(hide_password=True)} is at revision {current_revision(engine)}.")
+    out.print(f"Database {display_url(engine.url)} is at revision {current_revision(engine)}.", markup=False)

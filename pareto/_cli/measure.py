@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from pareto._cli.options import DURATION, db_option, err, json_option, out, print_json
+from pareto._cli.options import DURATION, STUDY_NAME, db_option, err, json_option, out, print_json
 from pareto.errors import UsageError
 from pareto.naming import BACKENDS
 
@@ -18,7 +18,7 @@ from pareto.naming import BACKENDS
     metavar="NAME[:key=value,…]",
     help="A technique to apply, repeatable, e.g. prune_structured:ratio=0.5.",
 )
-@click.option("--study", help="With --trial: the study whose stored trial to measure again.")
+@click.option("--study", type=STUDY_NAME, help="With --trial: the study whose stored trial to measure again.")
 @click.option("--trial", type=click.IntRange(min=0), help="Measure this stored trial again with its stored method.")
 @click.option("--batch-size", type=click.IntRange(min=1), help="Batch size [default: the task's].")
 @click.option(

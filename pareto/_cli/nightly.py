@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import click
 
-from pareto._cli.options import DURATION, db_option, err, json_option, out, print_json
+from pareto._cli.options import DURATION, STUDY_NAME, db_option, err, json_option, out, print_json
 
 
 @click.command("nightly")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Nightly config (configs/nightly.yaml).")
-@click.option("--study", help="Study name [default: the config's].")
+@click.option("--study", type=STUDY_NAME, help="Study name [default: the config's].")
 @click.option("--task", help="Task [default: the config's].")
 @click.option("--time-budget", type=DURATION, help="The whole job's time, e.g. 10min [default: the config's].")
 @db_option

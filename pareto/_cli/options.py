@@ -40,7 +40,25 @@ db_option = click.option(
     "--db", envvar="PARETO_DB_URL", help="Database URL [env PARETO_DB_URL; default sqlite:///pareto.db]."
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
-study_option = click.option("--study", help="Study name (default: the only study in the database).")
+#: The longest study name the database holds (``pareto_studies.name``; a test keeps them equal).
+MAX_STUDY_NAME = 256
+
+
+class _StudyName(click.ParamType):
+    """A study name: not empty (which would silently mean the default study) and one the database can hold."""
+
+    name = "name"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        if not str(value).strip():
+            self.fail("a study name cannot be empty.", param, ctx)
+        if len(str(value)) > MAX_STUDY_NAME:
+            self.fail(f"a study name has at most {MAX_STUDY_NAME} characters, this one {len(str(value))}.", param, ctx)
+        return value
+
+
+STUDY_NAME = _StudyName()
+study_option = click.option("--study", type=STUDY_NAME, help="Study name (default: the only study in the database).")
 environment_option = click.option(
     "--environment",
     metavar="KEY|latest|all",

@@ -9,6 +9,7 @@ from rich.markup import escape
 
 from pareto._cli.options import (
     DURATION,
+    STUDY_NAME,
     count,
     db_option,
     err,
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 @click.command("search")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="YAML search spec (see configs/).")
 @click.option("--task", help="Built-in task name (demo) or package.module:factory.")
-@click.option("--study", help="Study name; re-using one continues it [default: the task's name].")
+@click.option("--study", type=STUDY_NAME, help="Study name; re-using one continues it [default: the task's name].")
 @slo_options
 @throughput_option
 @click.option(

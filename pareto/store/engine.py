@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import os
+import re
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from sqlalchemy import create_engine, event, inspect
-from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+from sqlalchemy import create_engine, event, inspect, text
+from sqlalchemy.engine import URL, Connection, Engine, make_url
+from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from pareto.errors import DatabasePathError, StoreError, UsageError, message_line
+
+T = TypeVar("T")
 
 DEFAULT_URL = "sqlite:///pareto.db"
 #: Our own Alembic history lives beside Optuna's (which uses ``alembic_version``) without colliding.
@@ -37,9 +40,24 @@ def resolve_url(db: str | None = None) -> str:
         url = "postgresql+psycopg://" + url.split("://", 1)[1]
     try:
         make_url(url)
-    except ArgumentError as exc:
-        raise UsageError(f"Cannot read database URL {url!r}; use e.g. sqlite:///pareto.db.") from exc
+    except (ArgumentError, ValueError) as exc:  # ValueError: a port that is not a number
+        raise UsageError(
+            f"Cannot read database URL {display_url(url)!r} ({message_line(exc)}); use e.g. sqlite:///pareto.db "
+            "or postgresql://user@host:5432/db."
+        ) from exc
     return url
+
+
+def display_url(url: str | URL) -> str:
+    """A database URL as pareto prints it: the password replaced by ``***``, even in a URL that does not
+    parse. Every URL pareto prints (errors, ``pareto db``, ``pareto serve``) goes through here."""
+    if isinstance(url, URL):
+        return url.render_as_string(hide_password=True)
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except (ArgumentError, ValueError):
+        # greedy up to the last "@": a password may hold an unescaped "@"
+        return re.sub(r"^([^:/]*://[^:/@]*:).*@", r"\1***@", url)
 
 
 def engine_kwargs(url: str) -> dict[str, Any]:
@@ -69,18 +87,18 @@ def open_engine(url: str, *, create: bool = True) -> Engine:
         engine = create_engine(url, **engine_kwargs(url))
     except ImportError as exc:
         raise StoreError(
-            f"Cannot open database {_safe(url)}: its driver is not installed ({exc.name or exc}); "
+            f"Cannot open database {display_url(url)}: its driver is not installed ({exc.name or exc}); "
             "for PostgreSQL: pip install 'pareto-slo[postgres]'."
         ) from exc
     except SQLAlchemyError as exc:
-        raise StoreError(f"Cannot open database {_safe(url)}: {_first_line(exc)}.") from exc
+        raise StoreError(f"Cannot open database {display_url(url)}: {_first_line(exc)}.") from exc
     if is_sqlite:
         event.listen(engine, "connect", _sqlite_pragmas)
     try:
         with engine.connect():
             pass
     except SQLAlchemyError as exc:
-        raise StoreError(f"Cannot open database {_safe(url)}: {_first_line(exc)}.") from exc
+        raise StoreError(f"Cannot open database {display_url(url)}: {_first_line(exc)}.") from exc
     return engine
 
 
@@ -88,7 +106,8 @@ def check_path(url: str, *, create: bool = True) -> None:
     """Fail early, and without creating anything, when a SQLite path cannot be used.
 
     Raises:
-        DatabasePathError: a query's database file is missing, or the folder for a new one is not there.
+        DatabasePathError: a query's database file is missing, the folder for a new one is not there, or
+            a writer's file or folder cannot be written.
     """
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
@@ -100,6 +119,8 @@ def check_path(url: str, *, create: bool = True) -> None:
         raise DatabasePathError(f"Cannot create database {path}: folder {path.parent} does not exist.")
     if create and not os.access(path.parent, os.W_OK):
         raise DatabasePathError(f"Cannot write database {path}: folder {path.parent} is not writable.")
+    if create and path.exists() and not os.access(path, os.W_OK):
+        raise DatabasePathError(f"Cannot write database {path}: the file is read-only.")
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -145,22 +166,105 @@ def alembic_config(engine: Engine) -> Any:
     return cfg
 
 
+#: The name of the lock two processes migrating one PostgreSQL database take in turn.
+MIGRATION_LOCK = "pareto-migrations"
+
+
 def upgrade(engine: Engine, revision: str = "head") -> None:
-    """Bring pareto's tables up to ``revision`` (Optuna migrates its own tables itself)."""
+    """Bring pareto's tables up to ``revision`` (Optuna migrates its own tables itself).
+
+    All of it or nothing: the whole upgrade, every revision it crosses and the version row, is one
+    transaction (``migration_connection``), so a process killed halfway leaves the database at the
+    revision it had. Two processes upgrading one database at once take turns; the second finds it done.
+
+    Raises:
+        StoreError: the migration failed (nothing of it stays), or the database was written by a newer
+            pareto than this one.
+    """
     from alembic import command
+    from alembic.util.exc import CommandError
 
     cfg = alembic_config(engine)
     try:
-        with engine.begin() as connection:
+        with migration_connection(engine) as connection:
             cfg.attributes["connection"] = connection
             command.upgrade(cfg, revision)
+    except CommandError as exc:
+        stored = current_revision(engine)
+        if stored is not None and stored not in known_revisions():
+            raise StoreError(newer_schema_message(engine, stored)) from exc
+        raise StoreError(f"Cannot migrate database {display_url(engine.url)}: {message_line(exc)}.") from exc
     except SQLAlchemyError as exc:
-        raise StoreError(f"Cannot migrate database {_safe(str(engine.url))}: {_first_line(exc)}.") from exc
+        raise StoreError(f"Cannot migrate database {display_url(engine.url)}: {_first_line(exc)}.") from exc
+
+
+@contextmanager
+def migration_connection(engine: Engine) -> Iterator[Connection]:
+    """A connection in one transaction that holds the database's migration lock, for ``upgrade``.
+
+    PostgreSQL runs DDL in transactions: the lock is ``pg_advisory_xact_lock``, released with the
+    transaction. SQLite does too, but Python's driver in its default (legacy) mode commits each DDL
+    statement on its own: the migration gets an engine of its own with SQLAlchemy's recipe (the
+    driver's transaction handling off, ``BEGIN IMMEDIATE`` emitted, which takes the write lock first)
+    and foreign keys off while tables are copied (``batch_alter_table`` drops and renames them; SQLite's
+    procedure for schema changes), checked before the commit instead.
+    """
+    if engine.dialect.name != "sqlite":
+        from pareto.locks import advisory_key
+
+        with engine.begin() as connection:
+            if engine.dialect.name == "postgresql":
+                key = advisory_key(MIGRATION_LOCK)
+                connection.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": key})
+            yield connection
+        return
+    url = engine.url.render_as_string(hide_password=False)
+    migrating = create_engine(url, **engine_kwargs(url))
+    event.listen(migrating, "connect", _migration_pragmas)
+    event.listen(migrating, "begin", lambda connection: connection.exec_driver_sql("BEGIN IMMEDIATE"))
+    try:
+        with migrating.begin() as connection:
+            yield connection
+            _check_foreign_keys(connection, engine)
+    finally:
+        migrating.dispose()
+
+
+def _migration_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    dbapi_connection.isolation_level = None  # BEGIN and COMMIT are ours: DDL no longer commits by itself
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    # a table copied by batch mode is dropped: with foreign keys on, its rows' children would go too
+    cursor.execute("PRAGMA foreign_keys=OFF")
+    cursor.close()
+
+
+def _check_foreign_keys(connection: Connection, engine: Engine) -> None:
+    """Raises StoreError (so the migration's transaction rolls back) when a pareto row lost its parent."""
+    broken = {row[0] for row in connection.exec_driver_sql("PRAGMA foreign_key_check") if row[0].startswith("pareto_")}
+    if broken:
+        raise StoreError(
+            f"Cannot migrate database {display_url(engine.url)}: rows of {', '.join(sorted(broken))} would refer "
+            "to rows that do not exist; nothing was changed."
+        )
+
+
+def known_revisions() -> set[str]:
+    """Every revision in ``migrations/versions``: the ones this code can read or migrate from."""
+    from alembic.script import ScriptDirectory
+
+    return {script.revision for script in ScriptDirectory(str(migrations_dir())).walk_revisions()}
+
+
+def newer_schema_message(engine: Engine, stored: str) -> str:
+    return (
+        f"Database {display_url(engine.url)} was written by a newer pareto than this one (schema revision "
+        f"{stored}; this pareto knows up to {HEAD_REVISION}); upgrade pareto to use it."
+    )
 
 
 def current_revision(engine: Engine) -> str | None:
-    from sqlalchemy import text
-
     if not inspect(engine).has_table(VERSION_TABLE):
         return None
     with engine.connect() as connection:
@@ -174,11 +278,13 @@ def require_schema(engine: Engine) -> None:
         StoreError: the database has no pareto tables yet, or they are at another revision.
     """
     if not inspect(engine).has_table("pareto_studies"):
-        raise StoreError(f"Database {_safe(str(engine.url))} has no pareto studies yet; run 'pareto search' first.")
+        raise StoreError(f"Database {display_url(engine.url)} has no pareto studies yet; run 'pareto search' first.")
     revision = current_revision(engine)
+    if revision is not None and revision != HEAD_REVISION and revision not in known_revisions():
+        raise StoreError(newer_schema_message(engine, revision))
     if revision != HEAD_REVISION:
         raise StoreError(
-            f"Database {_safe(str(engine.url))} is at schema revision {revision or 'none'} and this pareto reads "
+            f"Database {display_url(engine.url)} is at schema revision {revision or 'none'} and this pareto reads "
             f"{HEAD_REVISION}; migrate it with 'pareto db upgrade --db URL' (any 'pareto search' does it too)."
         )
 
@@ -229,6 +335,13 @@ def session_scope(engine: Engine) -> Iterator[Session]:
     try:
         yield session
         session.commit()
+    except OperationalError as exc:
+        session.rollback()
+        if "readonly database" in str(exc.orig):  # SQLite's file (or its folder) cannot be written
+            raise StoreError(
+                f"Cannot write database {display_url(engine.url)}: it is read-only; nothing was changed."
+            ) from exc
+        raise
     except BaseException:
         session.rollback()
         raise
@@ -236,8 +349,16 @@ def session_scope(engine: Engine) -> Iterator[Session]:
         session.close()
 
 
-def _safe(url: str) -> str:
-    return make_url(url).render_as_string(hide_password=True)
+def get_or_create(session: Session, find_or_add: Callable[[Session], T]) -> T:
+    """``find_or_add(session)`` (a select, and an insert when it found nothing), safe when another process
+    inserts the same row between the two: that insert loses on the unique key, the transaction rolls
+    back and the select runs again, finding the other's row. Call it first in its session: the
+    rollback takes what the session did before it."""
+    try:
+        return find_or_add(session)
+    except IntegrityError:
+        session.rollback()
+        return find_or_add(session)
 
 
 def _first_line(exc: BaseException) -> str:
