@@ -48,7 +48,7 @@ from pareto.regression import Comparison, compare, compare_corrected, not_compar
 from pareto.spec import NightlySettings, SearchSpec
 from pareto.store import queries, trials
 from pareto.store.engine import check_path, open_engine, session_scope, upgrade
-from pareto.store.models import Environment, NightlyRun, utcnow
+from pareto.store.models import Environment, NightlyRun, Study, utcnow
 
 #: Exit codes: sysexits.h's EX_TEMPFAIL for "try again later" (lock held, noisy night).
 EXIT_REGRESSION = 3
@@ -160,8 +160,8 @@ class _Job:
         self.constraints: Constraints = constraints_of(spec)
         self.summary: dict[str, Any] = {"study": spec.study_name, "task": spec.task}
         self.last_pick: int | None = None  #: the last nightly's pick (``_open_history``)
-        self.runs: list[int] = []  #: the runs of tonight's re-measurements (withdrawn on a noisy night)
-        self.preferred_before: dict[int, int] = {}  #: each trial's preferred measurement before tonight
+        #: the runs of tonight's re-measurements: stored held, promoted when the night ends with a verdict
+        self.runs: list[int] = []
 
     def run(self) -> NightlyResult:
         from pareto._runs import open_bench
@@ -181,8 +181,6 @@ class _Job:
         pick_before = self._served(before, best_or_none(before, self.constraints, study=self.spec.study_name))
         front_before = frontier(before, objective_metrics(self.spec.objectives))
         self.drift = self._open_drift(bench, study_id, pick_before)
-        with session_scope(bench.engine) as session:
-            self.preferred_before = trials.preferred_measurements(session, study_id, bench.env_id)
         comparisons, noisy = self._remeasure(bench, study_id, pick_before, front_before, "first pass")
         self.terminated.check()
         comparisons, noisy = self._reproduce(bench, study_id, pick_before, comparisons, noisy)
@@ -199,7 +197,7 @@ class _Job:
         status = "regression" if regression else "noisy" if noisy else "ok"
         if status == "noisy":
             self._withdraw(bench)
-        after = _load(bench, study_id, bench.env_id)
+        after = _load(bench, study_id, bench.env_id, promoted=[] if status == "noisy" else self.runs)
         best_after = best_or_none(after, self.constraints, study=self.spec.study_name)
         pick_after = self._next_pick(pick_before, best_after, before, after, regression)
         front_after = frontier(after, objective_metrics(self.spec.objectives))
@@ -343,7 +341,9 @@ class _Job:
             f"Re-measuring {len(chosen)} configurations with the baseline and the reference in interleaved rounds."
         )
         reference = self.drift.timed(chosen[0])
-        result = confirm(bench, study_id, chosen, self.constraints, seed=self.spec.search.seed, reference=reference)
+        result = confirm(
+            bench, study_id, chosen, self.constraints, seed=self.spec.search.seed, reference=reference, held=True
+        )
         self.summary["remeasure_guard"] = result.guard
         self.runs += result.runs
         measured = self.drift.record(result, label)
@@ -429,10 +429,11 @@ class _Job:
         return [kept if c is first else c for c in comparisons], True
 
     def _withdraw(self, bench: Any) -> None:
-        """A noisy night concludes nothing: what it measured stays stored (its summary, the history), but
-        ``best`` and ``frontier`` keep answering from the measurements before it."""
+        """A noisy night concludes nothing: what it measured stays stored (its summary, the history), held,
+        and ``best`` and ``frontier`` keep answering from the measurements before it."""
         with session_scope(bench.engine) as session:
-            withdrawn = trials.restore_preferred(session, self.runs, self.preferred_before)
+            withdrawn = trials.held_count(session, self.runs) if self.runs else 0
+        self.runs = []  # nothing of tonight's is promoted
         self.summary["withdrawn"] = withdrawn
         if withdrawn:
             self.notice(
@@ -450,7 +451,10 @@ class _Job:
         if reference is None:
             return
         self.notice(f"Measuring the new pick (trial {pick.trial}) beside the reference, for tomorrow's comparison.")
-        result = confirm(bench, study_id, [pick], self.constraints, seed=self.spec.search.seed, reference=reference)
+        result = confirm(
+            bench, study_id, [pick], self.constraints, seed=self.spec.search.seed, reference=reference, held=True
+        )
+        self.runs += result.runs
         self.drift.record(result, "new pick")
 
     def _change_point(self, pick: Candidate | None, stored: list[Candidate]) -> dict[str, Any] | None:
@@ -501,10 +505,15 @@ class _Job:
         return markdown_path, json_path
 
     def _close_history(self, row_id: int, status: str, *, error: BaseException | None = None, **values: Any) -> None:
+        """The night's history row closed; a night that ended with a verdict (not interrupted, failed or
+        noisy) has its re-measurements promoted in the same transaction, so an interrupted night changes
+        no answer of ``best`` or ``frontier``."""
         with session_scope(self.engine) as session:
             row = session.get(NightlyRun, row_id)
             if row is None:
                 return
+            if status in ("ok", "regression") and self.runs:
+                self.summary["promoted"] = trials.promote(session, self.runs)
             row.status, row.finished_at = status, utcnow()
             for key, value in values.items():
                 setattr(row, key, value)
@@ -514,10 +523,22 @@ class _Job:
             row.summary = json.loads(json.dumps(summary, default=str))
 
 
-def _load(bench: Any, study_id: int, env_id: int | None) -> list[Candidate]:
+def _load(bench: Any, study_id: int, env_id: int | None, *, promoted: list[int] | None = None) -> list[Candidate]:
+    """The study's candidates in ``env_id``; with ``promoted``, as they will be once those runs' held
+    measurements are promoted (read in a transaction that is rolled back: nothing changes yet)."""
     from pareto.confirmation import load_candidates
 
-    return load_candidates(bench, study_id, env_id) if env_id is not None else []
+    if env_id is None:
+        return []
+    if not promoted:
+        return load_candidates(bench, study_id, env_id)
+    with session_scope(bench.engine) as session:
+        trials.promote(session, promoted)
+        study = session.get(Study, study_id)
+        assert study is not None
+        found = queries.candidates(session, study, session.get(Environment, env_id))
+        session.rollback()
+    return found
 
 
 def _measurement_of(bench: Any, study_id: int, number: int, runs: list[int]) -> dict[str, Any]:

@@ -297,14 +297,22 @@ def finish_run(bench: Bench, run: RunHandle, **details: Any) -> None:
             row.details = {**(row.details or {}), **details}
 
 
-def store_measurement(bench: Bench, run: RunHandle, trial_id: int, metrics: Metrics, *, kind: str) -> None:
-    """Keep one measurement of a trial's configuration, tagged with its run and environment."""
+def measurement_row(bench: Bench, run: RunHandle, trial_id: int, metrics: Metrics, *, kind: str) -> Measurement:
+    """A new measurement of a trial's configuration, tagged with its run and environment."""
+    return Measurement(
+        trial_id=trial_id, environment_id=bench.env_id, run_id=run.run_id, kind=kind, **metrics.to_dict()
+    )
+
+
+def store_measurement(
+    bench: Bench, run: RunHandle, trial_id: int, metrics: Metrics, *, kind: str, held: bool = False
+) -> None:
+    """Keep one measurement of a trial's configuration, tagged with its run and environment; ``held``:
+    not answered from until promoted (``pareto.store.trials.promote``)."""
+    row = measurement_row(bench, run, trial_id, metrics, kind=kind)
+    row.held = held
     with session_scope(bench.engine) as session:
-        session.add(
-            Measurement(
-                trial_id=trial_id, environment_id=bench.env_id, run_id=run.run_id, kind=kind, **metrics.to_dict()
-            )
-        )
+        session.add(row)
 
 
 def stored_metrics(bench: Bench, trial_id: int) -> Metrics | None:

@@ -8,24 +8,22 @@ configurations re-measured in interleaved rounds with the baseline) → ``_resul
 from __future__ import annotations
 
 import logging
-import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 import optuna
 from optuna.trial import TrialState
-from sqlalchemy.orm import Session
 
 from pareto._runs import (
     Bench,
     RunHandle,
     baseline_trial,
     finish_run,
+    measurement_row,
     open_bench,
     retime_baseline,
     start_run,
-    store_measurement,
     wait_for_quiet,
 )
 from pareto._signals import StopOnInterrupt
@@ -38,6 +36,7 @@ from pareto._studies import (
     stored_sampler,
 )
 from pareto.assess import Rejected, assess, preflight
+from pareto.claims import Claims, Twin
 from pareto.compress import BACKENDS, Backend, Config, backend_reason
 from pareto.compress.base import Pairs, install_conflicts
 from pareto.confirmation import ConfirmResult, confirm_pick, load_candidates
@@ -46,6 +45,7 @@ from pareto.errors import (
     MachineBusy,
     NoEffect,
     NoFeasibleConfiguration,
+    StoreError,
     TechniqueError,
     Transient,
     UsageError,
@@ -62,7 +62,6 @@ from pareto.frontier import (
     select_best,
 )
 from pareto.limits import Limits
-from pareto.metrics import Metrics
 from pareto.samplers import FLAT, failed_values, failure_gaps, make_sampler, space_size, start_trial, suggest
 from pareto.samplers import grid as grid_of
 from pareto.search_result import SearchResult, TrialOutcome
@@ -77,8 +76,6 @@ from pareto.task import load_task
 #: down before the next trial; still busy then, the search stops (trials stored, exit code 75).
 BUSY_WAIT_S = 120.0
 #: Another worker measuring the same configuration is waited for this long at most, polled this often.
-TWIN_WAIT_S = 1800.0
-TWIN_POLL_S = 1.0
 #: A sampler that proposes this many configurations in a row that were measured already has nothing
 #: new left to propose: the search stops.
 REPEATS_IN_A_ROW = 50
@@ -564,7 +561,7 @@ class _Objective:
             except NoEffect as exc:
                 # a technique that changed nothing after the ones before it: the configuration is its
                 # smaller twin, measured as that (or answered as a repeat of it), and known to be from now on
-                config, twin = self._retarget(trial, row_id, config, exc)
+                config, row_id, twin = self._retarget(trial, row_id, config, exc)
                 continue
             except Rejected as exc:
                 slo = self.setup.spec.slo.p99_ms
@@ -625,11 +622,20 @@ class _Objective:
             trial.set_constraint("p99_ms", (twin.p99_lower_ms - slo) / slo)
         raise optuna.TrialPruned(f"same configuration as trial {twin.number}, rejected early already")
 
-    def _start(self, trial: optuna.Trial, config: Config) -> tuple[int, Twin | None]:
-        """Store the trial as RUNNING; when the same configuration was measured here, mark it a duplicate."""
-        with session_scope(self.bench.engine) as session:
-            row_id = trials.add_trial(session, trial_row(self.setup, trial.number, config))
-        return row_id, self._duplicate_of(trial, row_id, config.key())
+    def _start(self, trial: optuna.Trial, config: Config, replacing: int | None = None) -> tuple[int, Twin | None]:
+        """Claim ``config`` here for this trial (its row RUNNING), or answer it from its twin: measured,
+        broken or rejected early here, or measured by another worker meanwhile (``pareto.claims``)."""
+        claims = Claims(self.bench.engine, self.setup.study_id, self.bench.env_id, self.setup.spec.slo.p99_ms)
+        try:
+            return claims.claim(
+                lambda **fields: trial_row(self.setup, trial.number, config, **fields),
+                config.key(),
+                replacing=replacing,
+                waiting=lambda: fail_stale_trials(trial.study),  # a twin whose worker died: failed and retried
+            )
+        except MachineBusy as exc:
+            self.last = TrialOutcome(trial.number, "BUSY", config.describe(), error=str(exc))
+            raise
 
     def _as_known(self, config: Config) -> Config:
         """``config``, or the configuration it turned out to be here (a technique in it changed nothing)."""
@@ -640,56 +646,19 @@ class _Objective:
                 config = Config.from_dict(smaller)
         return config
 
-    def _retarget(self, trial: optuna.Trial, row_id: int, config: Config, exc: NoEffect) -> tuple[Config, Twin | None]:
+    def _retarget(
+        self, trial: optuna.Trial, row_id: int, config: Config, exc: NoEffect
+    ) -> tuple[Config, int, Twin | None]:
         """The trial becomes ``config`` without the technique that changed nothing (known to be: a later
-        proposal is not built again); its twin, if any."""
+        proposal is not built again): claimed again as that, or answered by its twin."""
         smaller = config.without(exc.technique)
         with session_scope(self.bench.engine) as session:
             where = (self.setup.study_id, self.bench.env_id)
             trials.save_same_as(session, *where, config.key(), exc.technique, str(exc), smaller.to_dict())
-            trials.retarget_trial(
-                session,
-                row_id,
-                config=smaller.to_dict(),
-                key=smaller.key(),
-                description=smaller.describe(),
-                is_baseline=smaller.is_baseline,
-            )
-        twin = self._duplicate_of(trial, row_id, smaller.key())
+        row_id, twin = self._start(trial, smaller, replacing=row_id)
         then = f"a repeat of trial {twin.number}" if twin is not None else f"measured as {smaller.describe()}"
         self.reporter.notice(f"Trial {trial.number}: {str(exc).rstrip('.')}; {then}.")
-        return smaller, twin
-
-    def _duplicate_of(self, trial: optuna.Trial, row_id: int, key: str) -> Twin | None:
-        twin = self._twin(trial, key, row_id)
-        if twin is not None:
-            with session_scope(self.bench.engine) as session:
-                reason = f"same configuration as trial {twin.number}; not measured again"
-                trials.finish_trial(session, row_id, "DUPLICATE", reason)
-        return twin
-
-    def _twin(self, trial: optuna.Trial, key: str, row_id: int) -> Twin | None:
-        """The measurement of the same configuration here: stored already, broken here, rejected early
-        against an SLO at least as tight as this run's, or being measured by another worker that
-        started it first (waited for, so that no configuration is measured twice)."""
-        deadline = time.monotonic() + TWIN_WAIT_S
-        while True:
-            with session_scope(self.bench.engine) as session:
-                study_id, env_id = self.setup.study_id, self.bench.env_id
-                earlier = trials.measured_twin(session, study_id, env_id, key, row_id)
-                if earlier is not None:
-                    return Twin(earlier.trial.optuna_number, Metrics.from_row(earlier).to_dict(), None)
-                failed = trials.failed_twin(session, study_id, env_id, key, row_id)
-                if failed is not None:
-                    return Twin(failed[0], {}, None, failed=failed[1])
-                rejected = _rejected_twin(session, self.setup, key, row_id)
-                if rejected is not None:
-                    return rejected
-                running = trials.running_twin(session, study_id, env_id, key, row_id)
-            if running is None or time.monotonic() > deadline:
-                return None
-            time.sleep(TWIN_POLL_S)
-            fail_stale_trials(trial.study)  # a twin whose worker died is failed (and retried) here
+        return smaller, row_id, twin
 
     def _failed(self, row_id: int, trial: optuna.Trial, config: Config, exc: TechniqueError) -> tuple[float, ...]:
         """The configuration broke here: FAILED, known from now on, told to the sampler as infeasible (the
@@ -728,8 +697,9 @@ class _Objective:
         early = exc.early_latency(slo_ms)
         with session_scope(self.bench.engine) as session:
             row = trials.finish_trial(session, row_id, "PRUNED", str(exc))
-            row.compress_s, row.compile_s, row.latency_s = exc.compress_s, exc.compile_s, exc.latency.elapsed_s
-            row.early_latency = early
+            if row is not None:  # else failed meanwhile by a worker that took this one for dead: that stands
+                row.compress_s, row.compile_s, row.latency_s = exc.compress_s, exc.compile_s, exc.latency.elapsed_s
+                row.early_latency = early
         trial.set_user_attr("early_latency", early)
         lower = early["latency_p99_lower_ms"]
         if lower is not None:
@@ -737,16 +707,24 @@ class _Objective:
         self.last = TrialOutcome(trial.number, "PRUNED", config.describe(), {}, error=str(exc))
 
     def _store(self, row_id: int, result: Any) -> None:
+        """COMPLETE and its measurement, in one transaction (a twin never sees the one without the other)."""
         with session_scope(self.bench.engine) as session:
-            row = trials.finish_trial(session, row_id, "COMPLETE", None)
-            study = session.get(Study, self.setup.study_id)
-            assert study is not None
-            study.updated_at = row.finished_at or utcnow()
+            row = session.get(Trial, row_id)
+            assert row is not None
             row.compress_s, row.compile_s = result.compress_s, result.compile_s
             row.latency_s, row.accuracy_s = result.latency_s, result.accuracy_s
+            measurement = measurement_row(self.bench, self.run, row_id, result.metrics, kind="search")
+            if not trials.complete_trial(session, row_id, measurement):
+                session.rollback()
+                raise StoreError(
+                    f"Trial {row.optuna_number} was failed by another worker that took this one for dead (no "
+                    "heartbeat) and retried; this measurement is not stored."
+                )
+            study = session.get(Study, self.setup.study_id)
+            assert study is not None
+            study.updated_at = utcnow()
             if result.suspect_profile and self.bench.profile is not None and self.bench.profile.calibration_id:
                 queries.mark_calibration_suspect(session, self.bench.profile.calibration_id, result.suspect_profile)
-        store_measurement(self.bench, self.run, row_id, result.metrics, kind="search")
 
     def _finish(self, trial: optuna.Trial, outcome: TrialOutcome) -> tuple[float, ...]:
         for name, gap in constraint_gaps(outcome.metrics, self.setup.constraints).items():
@@ -762,29 +740,6 @@ def _objective_value(metrics: dict[str, Any], metric: str) -> float:
     if value is None:
         raise TechniqueError(f"metric {metric!r} could not be measured for this configuration")
     return value
-
-
-class Twin(NamedTuple):
-    """An earlier trial of the same configuration here: its number, its metrics ({} when rejected early or
-    broken), the P99 lower bound that rejected it, or the reason it broke."""
-
-    number: int
-    metrics: dict[str, Any]
-    p99_lower_ms: float | None
-    failed: str | None = None
-
-
-def _rejected_twin(session: Session, setup: SearchSetup, key: str, exclude_id: int) -> Twin | None:
-    """A trial of the same configuration rejected early here against an SLO at least as tight (a looser
-    SLO measures it again)."""
-    slo = setup.spec.slo.p99_ms
-    if slo is None:
-        return None
-    for number, early in trials.rejected_early(session, setup.study_id, setup.bench.env_id, key, exclude_id):
-        lower = (early or {}).get("latency_p99_lower_ms")
-        if lower is not None and lower > slo:
-            return Twin(number, {}, lower)
-    return None
 
 
 def _interrupted(exc: BaseException) -> str:

@@ -156,12 +156,14 @@ def confirm(
     *,
     seed: int | None = None,
     reference: Timed | None = None,
+    held: bool = False,
 ) -> ConfirmResult:
     """Re-measure ``picks`` and the baseline at their batch sizes in interleaved rounds; store the results.
 
     The run is its own: confirmed speedups divide by the baseline timed in these same rounds. A
     configuration whose rounds the contention guard gave up on is reported as busy and not stored.
     ``reference`` (the nightly's frozen workload) is timed in the same rounds and reported, not stored.
+    ``held``: stored but not answered from until promoted (``pareto.store.trials.promote``: the nightly's).
     """
     from pareto.assess import round_plan
 
@@ -200,7 +202,7 @@ def confirm(
     if beside:
         result.reference = _reference_view(beside[0])
     for (trial_id, pick, stored, config), latency in zip(entries, latencies, strict=True):
-        result.items.append(_record(bench, run, trial_id, pick, stored, config, latency, constraints))
+        result.items.append(_record(bench, run, (trial_id, pick, stored, config), latency, constraints, held))
     result.guard = guard_summary(latencies)
     finish_run(bench, run, confirmed=[i.trial for i in result.items if i.after is not None])
     return result
@@ -230,15 +232,14 @@ def _entries(
 def _record(
     bench: Bench,
     run: RunHandle,
-    trial_id: int,
-    pick: Candidate | None,
-    stored: Metrics,
-    config: Config,
+    entry: tuple[int, Candidate | None, Metrics, Config],
     latency: Any,
     constraints: Constraints,
+    held: bool,
 ) -> ConfirmedItem:
     from pareto.assess import remeasured
 
+    trial_id, pick, stored, config = entry
     before = stored.to_dict()
     verdict_before = p99_verdict(before, constraints.p99_ms) if constraints.p99_ms else None
     with session_scope(bench.engine) as session:
@@ -253,7 +254,7 @@ def _record(
     except MachineBusy as exc:
         item.busy_reason = str(exc)
         return item
-    store_measurement(bench, run, trial_id, confirmed, kind="confirm")
+    store_measurement(bench, run, trial_id, confirmed, kind="confirm", held=held)
     after = confirmed.to_dict()
     item.after = _latency_view(after)
     item.verdict_after = p99_verdict(after, constraints.p99_ms) if constraints.p99_ms else None

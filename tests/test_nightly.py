@@ -304,3 +304,38 @@ def _preferred(db_url: str) -> dict[int, int]:
             select(Trial.optuna_number, Measurement.id).join(Trial).where(Measurement.preferred.is_(True))
         ).all()
     return dict(rows)
+
+
+def test_an_interrupted_night_changes_no_answer(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # SIGTERM (a CronJob's deadline) after the night's re-measurements were stored: they stay stored, held,
+    # and best answers from what it answered before the night; the next night with a verdict promotes its own
+    from pareto import _nightly
+
+    monkeypatch.delenv("PARETO_TEST_SLOWDOWN_MS", raising=False)
+    run_search(_spec(), db_url=db_url)
+    settings = NightlySettings(time_budget="1s", remeasure_top=1, summary_dir=str(tmp_path))
+    before = _preferred(db_url)
+    best_before = pareto.best(study="night", db=db_url)
+
+    def deadline(*_args: Any, **_kwargs: Any) -> Any:
+        raise KeyboardInterrupt  # what the SIGTERM handler raises
+
+    monkeypatch.setattr(_nightly._Job, "_reproduce", deadline)
+    with pytest.raises(KeyboardInterrupt):
+        run_nightly(_spec(), settings, db_url=db_url, notice=lambda _: None)
+    with session_scope(open_engine(db_url)) as session:
+        held = session.scalars(
+            select(Measurement.id).where(Measurement.kind == "confirm", ~Measurement.preferred)
+        ).all()
+    assert held, "the night stored its re-measurements"
+    assert _preferred(db_url) == before
+    assert pareto.best(study="night", db=db_url) == best_before
+    assert [r["status"] for r in pareto.history(study="night", db=db_url)] == ["interrupted"]
+
+    monkeypatch.undo()
+    monkeypatch.delenv("PARETO_TEST_SLOWDOWN_MS", raising=False)
+    night = run_nightly(_spec(), settings, db_url=db_url, notice=lambda _: None)
+    if night.status in ("ok", "regression"):
+        assert night.summary["promoted"] >= 1 and _preferred(db_url) != before
+    else:
+        assert _preferred(db_url) == before

@@ -300,8 +300,9 @@ def test_a_server_database_connection_gives_up_after_a_timeout_unless_the_url_se
 
 
 def test_two_noisy_nights_in_a_row_leave_the_answer_where_it_was(db_url: str) -> None:
-    # each noisy night's confirmations are withdrawn back to what was preferred before that night: the
-    # second night must not bring back the first night's (a rule like "the latest earlier confirmation" would)
+    # a night's confirmations are stored held and promoted only when it ends with a verdict: two noisy (or
+    # interrupted) nights in a row leave the search's measurement preferred; a night with a verdict
+    # promotes its latest confirmation, and only one measurement per trial and environment is preferred
     engine = open_engine(db_url)
     upgrade(engine)
     with session_scope(engine) as session:
@@ -332,20 +333,29 @@ def test_two_noisy_nights_in_a_row_leave_the_answer_where_it_was(db_url: str) ->
         session.add(trial)
         session.flush()
 
-        def measure(kind: str, p99: float) -> tuple[int, int]:
+        def measure(kind: str, p99: float, held: bool = False) -> tuple[int, int]:
             run = Run(study_id=study.id, kind=kind, environment_id=env.id, hostname="h", pid=1)
             session.add(run)
             session.flush()
             fields = {**_MEASURED, "latency_p99_ms": p99}
             row = Measurement(trial_id=trial.id, environment_id=env.id, run_id=run.id, kind=kind, **fields)
+            row.held = held
             session.add(row)
             session.flush()
             return run.id, row.id
 
+        def preferred() -> list[int]:
+            return list(
+                session.scalars(select(Measurement.id).where(Measurement.trial_id == trial.id, Measurement.preferred))
+            )
+
         _, searched = measure("search", 2.0)
-        for night in range(2):
-            before = trials.preferred_measurements(session, study.id, env.id)
-            run, _ = measure("confirm", 13.0 + night)  # a loaded night's confirmation: preferred on insert
-            assert trials.preferred_measurements(session, study.id, env.id) != before
-            assert trials.restore_preferred(session, [run], before) == 1
-            assert trials.preferred_measurements(session, study.id, env.id) == {trial.id: searched}
+        for night in range(2):  # noisy: nothing promoted
+            run, _ = measure("confirm", 13.0 + night, held=True)
+            assert preferred() == [searched]
+            assert trials.held_count(session, [run]) == 1
+        night_runs = [measure("confirm", 3.0, held=True)[0], measure("confirm", 2.5, held=True)[0]]
+        assert preferred() == [searched]
+        assert trials.promote(session, night_runs) == 1
+        latest = session.scalars(select(Measurement.id).where(Measurement.run_id == night_runs[1])).one()
+        assert preferred() == [latest]

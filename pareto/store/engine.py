@@ -27,7 +27,7 @@ VERSION_TABLE = "pareto_alembic_version"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 CONNECT_TIMEOUT_S = 10
 #: The revision this code reads and writes: the head of ``migrations/versions`` (a test keeps them equal).
-HEAD_REVISION = "0009"
+HEAD_REVISION = "0010"
 
 
 def resolve_url(db: str | None = None) -> str:
@@ -330,7 +330,9 @@ def read_engine(db: str | None) -> Engine:
 @contextmanager
 def session_scope(engine: Engine) -> Iterator[Session]:
     """A session that commits on success and rolls back on any error."""
-    factory = sessionmaker(engine, expire_on_commit=False)
+    from pareto.store.version import ParetoSession  # bumps the data version when it writes
+
+    factory = sessionmaker(engine, class_=ParetoSession, expire_on_commit=False)
     session = factory()
     try:
         yield session

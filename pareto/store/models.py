@@ -22,6 +22,7 @@ from sqlalchemy import (
     exists,
     false,
     select,
+    text,
     update,
 )
 from sqlalchemy.engine import Connection
@@ -86,6 +87,17 @@ class Trial(Base):
     __table_args__ = (
         UniqueConstraint("study_id", "optuna_number", name="uq_trial_study_optuna_number"),
         Index("ix_pareto_trials_study_baseline", "study_id", "is_baseline"),
+        # the claim (revision 0010): one trial at a time measures a configuration in an environment; a
+        # second insert of the same RUNNING configuration fails, and its worker waits for the verdict
+        Index(
+            "uq_pareto_trials_running",
+            "study_id",
+            "environment_id",
+            "config_key",
+            unique=True,
+            sqlite_where=text("state = 'RUNNING'"),
+            postgresql_where=text("state = 'RUNNING'"),
+        ),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -188,6 +200,15 @@ class Measurement(_MetricColumns, Base):
         ),
         # the environments of a study and the latest one, newest row first
         Index("ix_pareto_measurements_study_env", "study_id", "environment_id", "created_at"),
+        # one preferred measurement per trial and environment (revision 0010)
+        Index(
+            "uq_pareto_measurements_preferred",
+            "trial_id",
+            "environment_id",
+            unique=True,
+            sqlite_where=text("preferred"),
+            postgresql_where=text("preferred"),
+        ),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -203,15 +224,26 @@ class Measurement(_MetricColumns, Base):
     environment: Mapped[Environment] = relationship()
     run: Mapped[Run | None] = relationship()
 
+    #: not a column: stored unpreferred, for a later ``promote`` (a nightly's re-measurements, answered
+    #: from only once the night ends with a verdict)
+    held = False
+
 
 @event.listens_for(Measurement, "before_insert")
 def _index_for_queries(_mapper: Mapper[Any], connection: Connection, target: Measurement) -> None:
-    """Fill ``study_id`` and ``preferred`` of a new measurement (and demote the row a confirmation replaces)."""
-    trial = connection.execute(select(Trial.study_id, Trial.state).where(Trial.id == target.trial_id)).one_or_none()
+    """Fill ``study_id`` and ``preferred`` of a new measurement (and demote the row a confirmation replaces).
+
+    The trial's row is locked first (``FOR UPDATE`` on PostgreSQL; SQLite's writers are serialized
+    already), so that two confirmations of one trial, stored at once, demote each other in turn: one
+    preferred measurement per trial and environment, as the unique index ``uq_pareto_measurements_preferred``
+    requires."""
+    trial = connection.execute(
+        select(Trial.study_id, Trial.state).where(Trial.id == target.trial_id).with_for_update()
+    ).one_or_none()
     target.study_id = trial.study_id if trial is not None else None
     same = (Measurement.trial_id == target.trial_id) & (Measurement.environment_id == target.environment_id)
-    if trial is None or trial.state != "COMPLETE":  # measured, then failed: never used (a trial is stored
-        target.preferred = False  # COMPLETE before its measurement, and leaves RUNNING only once)
+    if trial is None or trial.state != "COMPLETE" or target.held:  # measured, then failed: never used (a
+        target.preferred = False  # trial is stored COMPLETE with its measurement, and leaves RUNNING once)
     elif target.kind == "confirm":
         connection.execute(update(Measurement).where(same, Measurement.preferred.is_(True)).values(preferred=False))
         target.preferred = True
@@ -304,3 +336,12 @@ class TechniqueCheck(Base):
     reason: Mapped[str | None] = mapped_column(Text)
     details: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class DataVersion(Base):
+    """One row: a counter every writing transaction of pareto's sessions moves (``pareto.store.version``)."""
+
+    __tablename__ = "pareto_data_version"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    version: Mapped[int] = mapped_column(BigInteger, default=0)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -60,6 +60,48 @@ def add_trial(session: Session, row: Trial) -> int:
     return row.id
 
 
+def claim_trial(session: Session, row: Trial) -> int | None:
+    """Store ``row`` RUNNING, the claim on its configuration here; its id, or None when another trial is
+    running the same configuration in this environment (the unique index ``uq_pareto_trials_running``:
+    the insert loses cleanly, nothing of it is stored). On PostgreSQL an insert beside an uncommitted
+    claim waits for it to commit or roll back, so the loser never measures beside the winner."""
+    row.state = "RUNNING"
+    try:
+        with session.begin_nested():
+            session.add(row)
+        return row.id
+    except IntegrityError:
+        if row in session:
+            session.expunge(row)
+        return None
+
+
+def drop_trial(session: Session, trial_id: int) -> None:
+    """Delete a RUNNING trial's row before anything of it was measured (it is claimed again as another
+    configuration)."""
+    row = session.get(Trial, trial_id)
+    if row is not None and row.state == "RUNNING":
+        session.delete(row)
+        session.flush()
+
+
+def complete_trial(session: Session, trial_id: int, measurement: Measurement) -> bool:
+    """The trial COMPLETE and its measurement stored, in the caller's one transaction; False (and nothing
+    written) when the trial is no longer RUNNING: a worker taken for dead (its trial failed and retried by
+    another) never turns FAILED back into COMPLETE."""
+    done = session.execute(
+        update(Trial)
+        .where(Trial.id == trial_id, Trial.state == "RUNNING")
+        .values(state="COMPLETE", error=None, finished_at=utcnow(), config_failed=False)
+        .execution_options(synchronize_session=False)
+    )
+    if not getattr(done, "rowcount", 0):
+        return False
+    session.add(measurement)
+    session.flush()
+    return True
+
+
 def trial_by_number(session: Session, study_id: int, number: int) -> Trial | None:
     """The study's trial with Optuna's ``number``, or None."""
     return session.scalars(select(Trial).where(Trial.study_id == study_id, Trial.optuna_number == number)).one_or_none()
@@ -67,11 +109,15 @@ def trial_by_number(session: Session, study_id: int, number: int) -> Trial | Non
 
 def finish_trial(
     session: Session, trial_id: int, state: str, error: str | None, *, config_failed: bool = False
-) -> Trial:
-    """Set a trial's final state (and its reason), stamped now; the row. ``config_failed``: FAILED because
-    the configuration itself broke (a repeat of it is then answered with ``error``, never built again)."""
-    row = session.get(Trial, trial_id)
+) -> Trial | None:
+    """Set a running trial's final state (and its reason), stamped now; the row, or None when it is no
+    longer RUNNING (failed by another worker that took this one for dead: its verdict stands).
+    ``config_failed``: FAILED because the configuration itself broke (a repeat of it is then answered
+    with ``error``, never built again)."""
+    row = session.get(Trial, trial_id, with_for_update=True)
     assert row is not None, f"trial {trial_id} is not stored"
+    if row.state != "RUNNING":
+        return None
     row.state, row.error, row.finished_at = state, error, utcnow()
     row.config_failed = config_failed
     return row
@@ -120,21 +166,6 @@ def configuration_tried(session: Session, study_id: int, env_id: int, key: str) 
         .limit(1)
     )
     return found is not None
-
-
-def running_twin(session: Session, study_id: int, env_id: int, key: str, before_id: int) -> int | None:
-    """A trial of the same configuration in this environment, started earlier and still running."""
-    return session.scalar(
-        select(Trial.id)
-        .where(
-            Trial.study_id == study_id,
-            Trial.config_key == key,
-            Trial.environment_id == env_id,
-            Trial.state == "RUNNING",
-            Trial.id < before_id,
-        )
-        .limit(1)
-    )
 
 
 def failed_twin(session: Session, study_id: int, env_id: int, key: str, exclude_id: int) -> tuple[int, str] | None:
@@ -266,32 +297,37 @@ def measurement_in_runs(session: Session, study_id: int, number: int, runs: list
     ).one()
 
 
-def preferred_measurements(session: Session, study_id: int, environment_id: int) -> dict[int, int]:
-    """Each trial's preferred measurement in one environment: trial row id -> measurement id."""
-    rows = session.execute(
-        select(Measurement.trial_id, Measurement.id).where(
-            Measurement.study_id == study_id,
-            Measurement.environment_id == environment_id,
-            Measurement.preferred.is_(True),
+def promote(session: Session, runs: list[int]) -> int:
+    """The measurements ``runs`` stored held (a nightly's: ``Measurement.held``) become the ones ``best``
+    and ``frontier`` answer from, in the caller's one transaction: for each trial and environment, the
+    latest of them replaces the preferred one. Returns how many were promoted."""
+    latest: dict[tuple[int, int], Measurement] = {}
+    for row in session.scalars(
+        select(Measurement)
+        .join(Trial)
+        .where(Measurement.run_id.in_(runs), Measurement.kind == "confirm", Trial.state == "COMPLETE")
+        .order_by(Measurement.id)
+    ):
+        latest[(row.trial_id, row.environment_id)] = row
+    for (trial_id, env_id), row in sorted(latest.items()):  # in one order: two promotions never deadlock
+        session.get(Trial, trial_id, with_for_update=True)
+        session.execute(
+            update(Measurement)
+            .where(Measurement.trial_id == trial_id, Measurement.environment_id == env_id, Measurement.preferred)
+            .values(preferred=False)
+            .execution_options(synchronize_session=False)
         )
-    ).all()
-    return {trial_id: measurement_id for trial_id, measurement_id in rows}
+        row.preferred = True
+        session.flush()
+    return len(latest)
 
 
-def restore_preferred(session: Session, runs: list[int], before: dict[int, int]) -> int:
-    """The measurements ``runs`` took stop being the ones ``best`` and ``frontier`` answer from (a noisy
-    night's); each trial's preferred measurement is again the one it had ``before``
-    (``preferred_measurements``). They stay stored. Returns how many were withdrawn."""
-    withdrawn = session.scalars(
-        select(Measurement).where(Measurement.run_id.in_(runs), Measurement.preferred.is_(True))
-    ).all()
-    for row in withdrawn:
-        row.preferred = False
-        earlier = session.get(Measurement, before[row.trial_id]) if row.trial_id in before else None
-        if earlier is not None:
-            earlier.preferred = True
-    session.flush()
-    return len(withdrawn)
+def held_count(session: Session, runs: list[int]) -> int:
+    """How many measurements ``runs`` stored that are not answered from."""
+    found = session.scalar(
+        select(func.count(Measurement.id)).where(Measurement.run_id.in_(runs), Measurement.preferred.is_(False))
+    )
+    return int(found or 0)
 
 
 def add_calibration(

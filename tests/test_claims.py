@@ -1,0 +1,226 @@
+"""One measurement per configuration: the claim through the database, whatever the commit order, and the
+verdict written whole (COMPLETE with its measurement). The same bodies run on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import event, func, select
+from sqlalchemy.engine import Engine
+
+from pareto import claims
+from pareto.claims import Claims
+from pareto.store import trials
+from pareto.store.engine import open_engine, session_scope, upgrade
+from pareto.store.models import Environment, Measurement, Study, Trial
+from tests.test_store import _MEASURED as _METRICS
+
+
+@pytest.fixture
+def store(db_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Engine, Claims]]:
+    monkeypatch.setattr(claims, "TWIN_POLL_S", 0.05)
+    engine = open_engine(db_url)
+    upgrade(engine)
+    with session_scope(engine) as session:
+        env = Environment(
+            key="k",
+            device="cpu",
+            device_name="x",
+            torch_version="2",
+            cpu_model="x",
+            threads=1,
+            hostname="h",
+            details={},
+        )
+        study = Study(name="s", task="demo", spec={})
+        session.add_all([env, study])
+        session.flush()
+        ids = study.id, env.id
+    yield engine, Claims(engine, *ids, slo_ms=None)
+    engine.dispose()
+
+
+def _row(claimer: Claims, number: int, key: str = "cfg") -> Any:
+    def make(**fields: Any) -> Trial:
+        return Trial(
+            study_id=claimer.study_id,
+            optuna_number=number,
+            config={},
+            config_key=key,
+            description=key,
+            is_baseline=False,
+            batch_size=1,
+            environment_id=claimer.env_id,
+            **fields,
+        )
+
+    return make
+
+
+def _measure(engine: Engine, claimer: Claims, row_id: int) -> bool:
+    with session_scope(engine) as session:
+        row = Measurement(trial_id=row_id, environment_id=claimer.env_id, kind="search", **_METRICS)
+        return trials.complete_trial(session, row_id, row)
+
+
+def _measurements(engine: Engine) -> int:
+    with session_scope(engine) as session:
+        return int(session.scalar(select(func.count(Measurement.id))) or 0)
+
+
+def _pause_in(thread_name: str, target: Any, identifier: str, reached: threading.Event, go: threading.Event) -> Any:
+    """Pause the named thread at an ORM event (inside its open transaction) until ``go`` is set."""
+
+    def pause(*_args: Any) -> None:
+        if threading.current_thread().name == thread_name:
+            reached.set()
+            assert go.wait(30)
+
+    event.listen(target, identifier, pause)
+    return pause
+
+
+def test_a_configuration_is_claimed_once_when_the_first_claim_commits_last(store: tuple[Engine, Claims]) -> None:
+    # A's claim gets its id first and commits last (on PostgreSQL ids follow the sequence, not the commit
+    # order); B claims meanwhile. One of them measures; the other is answered by its measurement.
+    engine, claimer = store
+    reached, go = threading.Event(), threading.Event()
+    pause = _pause_in("A", Trial, "after_insert", reached, go)
+    results: dict[str, Any] = {}
+    tried = {"A": threading.Event(), "B": threading.Event()}
+
+    def worker(name: str, number: int) -> None:
+        row_id, twin = claimer.claim(_row(claimer, number), "cfg", waiting=tried[name].set)
+        tried[name].set()
+        if twin is None:  # measuring takes long: the other worker has tried to claim by the time it ends
+            assert all(e.wait(30) for e in tried.values())
+            _measure(engine, claimer, row_id)
+        results[name] = twin
+
+    try:
+        a = threading.Thread(target=worker, args=("A", 0), name="A")
+        a.start()
+        assert reached.wait(30)
+        b = threading.Thread(target=worker, args=("B", 1), name="B")
+        b.start()
+        b.join(0.5)  # B tries to claim while A's claim is flushed and not committed
+        go.set()
+        a.join(60)
+        b.join(60)
+    finally:
+        go.set()
+        event.remove(Trial, "after_insert", pause)
+    assert sorted(twin is None for twin in results.values()) == [False, True]
+    assert _measurements(engine) == 1
+    with session_scope(engine) as session:
+        states = sorted(session.scalars(select(Trial.state)))
+    assert states == ["COMPLETE", "DUPLICATE"]
+
+
+def test_a_twin_waiting_between_complete_and_the_measurement_is_answered_by_it(store: tuple[Engine, Claims]) -> None:
+    # A writes COMPLETE and is paused before its measurement; B asks meanwhile and must not measure again
+    engine, claimer = store
+    row_id, twin = claimer.claim(_row(claimer, 0), "cfg", waiting=lambda: None)
+    assert twin is None
+    reached, go = threading.Event(), threading.Event()
+    pause = _pause_in("A", Measurement, "before_insert", reached, go)
+    answered: list[Any] = []
+    try:
+        a = threading.Thread(target=_measure, args=(engine, claimer, row_id), name="A")
+        a.start()
+        assert reached.wait(30)
+        b = threading.Thread(
+            target=lambda: answered.append(claimer.claim(_row(claimer, 1), "cfg", waiting=lambda: None)), name="B"
+        )
+        b.start()
+        b.join(0.5)
+        go.set()
+        a.join(60)
+        b.join(60)
+    finally:
+        go.set()
+        event.remove(Measurement, "before_insert", pause)
+    [(_, twin_of_b)] = answered
+    assert twin_of_b is not None and twin_of_b.number == 0 and twin_of_b.metrics["accuracy"] == 0.9
+    assert _measurements(engine) == 1
+
+
+def test_a_waiting_twin_claims_again_when_the_first_ends_without_a_verdict(store: tuple[Engine, Claims]) -> None:
+    engine, claimer = store
+    first, _ = claimer.claim(_row(claimer, 0), "cfg", waiting=lambda: None)
+    polls: list[int] = []
+
+    def interrupt_first() -> None:  # the first trial's worker is interrupted while the second waits
+        polls.append(1)
+        with session_scope(engine) as session:
+            trials.finish_trial(session, first, "FAILED", "interrupted by the user")
+
+    second, twin = claimer.claim(_row(claimer, 1), "cfg", waiting=interrupt_first)
+    assert twin is None and second != first and polls == [1]
+    assert _measure(engine, claimer, second)
+    assert _measurements(engine) == 1
+
+
+def test_a_worker_taken_for_dead_never_turns_failed_into_complete(store: tuple[Engine, Claims]) -> None:
+    engine, claimer = store
+    row_id, _ = claimer.claim(_row(claimer, 0), "cfg", waiting=lambda: None)
+    with session_scope(engine) as session:  # what Optuna's heartbeat callback does to a silent worker
+        trials.finish_trial(session, row_id, "FAILED", "its worker stopped (no heartbeat for 120 s)")
+    assert not _measure(engine, claimer, row_id)
+    with session_scope(engine) as session:
+        assert session.get(Trial, row_id).state == "FAILED"  # type: ignore[union-attr]
+        assert trials.finish_trial(session, row_id, "PRUNED", "rejected") is None
+    assert _measurements(engine) == 0
+
+
+def test_waiting_past_the_limit_stores_the_trial_busy(
+    store: tuple[Engine, Claims], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pareto.errors import MachineBusy
+
+    engine, claimer = store
+    claimer.claim(_row(claimer, 0), "cfg", waiting=lambda: None)
+    monkeypatch.setattr(claims, "TWIN_WAIT_S", 0.0)
+    with pytest.raises(MachineBusy, match="another worker"):
+        claimer.claim(_row(claimer, 1), "cfg", waiting=lambda: None)
+    with session_scope(engine) as session:
+        assert sorted(session.scalars(select(Trial.state))) == ["BUSY", "RUNNING"]
+
+
+def test_two_confirmations_stored_at_once_leave_one_preferred(store: tuple[Engine, Claims]) -> None:
+    # `pareto confirm` racing a nightly: each demotes the preferred measurement it sees and stores its own;
+    # the second waits for the first (the trial's row is locked), so it sees and demotes the first's
+    engine, claimer = store
+    row_id, _ = claimer.claim(_row(claimer, 0), "cfg", waiting=lambda: None)
+    assert _measure(engine, claimer, row_id)
+    reached, go = threading.Event(), threading.Event()
+    pause = _pause_in("A", Measurement, "after_insert", reached, go)
+    errors: list[BaseException] = []
+
+    def confirm() -> None:
+        try:
+            with session_scope(engine) as session:
+                session.add(Measurement(trial_id=row_id, environment_id=claimer.env_id, kind="confirm", **_METRICS))
+        except BaseException as exc:
+            errors.append(exc)
+
+    try:
+        a = threading.Thread(target=confirm, name="A")
+        a.start()
+        assert reached.wait(30)
+        b = threading.Thread(target=confirm, name="B")
+        b.start()
+        b.join(0.5)
+        go.set()
+        a.join(60)
+        b.join(60)
+    finally:
+        go.set()
+        event.remove(Measurement, "after_insert", pause)
+    assert not errors, errors
+    with session_scope(engine) as session:
+        kinds = session.execute(select(Measurement.kind, Measurement.preferred).order_by(Measurement.id)).all()
+    assert [tuple(k) for k in kinds] == [("search", False), ("confirm", False), ("confirm", True)]
