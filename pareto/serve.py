@@ -8,7 +8,14 @@ never write) and answers GET only: any other method on a known path is 405.
 Errors carry ``{"detail": reason}``, the sentence the CLI prints: 404 for an unknown study and for
 an SLO that nothing stored meets, 422 for a malformed value, 503 when the database does not
 answer. With a token, every endpoint but ``/healthz`` (and the OpenAPI schema and its pages, which
-hold no data) needs ``Authorization: Bearer <token>``.
+hold no data) needs ``Authorization: Bearer <token>``. The database's error (which may name its
+host, user or path) is told only to the token's holders: a 503's ``detail`` has it on a server with
+a token, ``/healthz`` only for a request that carries the token; else the server logs it. A request
+whose ``Host`` header names no allowed host is 400 (DNS rebinding: a web page whose name is made to
+point at this machine).
+
+Every route that reads the database is a plain function, which FastAPI runs in its thread pool: no
+database call ever holds the event loop.
 
 Imports FastAPI (``pip install 'pareto-slo[serve]'``); never torch.
 """
@@ -17,24 +24,29 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Query, Request
-from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security.utils import get_authorization_scheme_param
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 import pareto
 from pareto import api
 from pareto.errors import NoFeasibleConfiguration, NotFound, ParetoError, StoreError, UsageError, message_line
 from pareto.store.engine import check_path, open_engine, read_engine, require_schema, resolve_url
-from pareto.store.health import database_version, ping
+from pareto.store.health import ping
+from pareto.store.version import data_version
 
 DESCRIPTION = """\
 Read-only queries over a pareto database: the studies, a study's Pareto frontier, and the best
@@ -117,27 +129,26 @@ class _Health:
 
 
 class _Answers:
-    """The answers to repeated queries, kept while the database holds the same rows.
+    """The answers to repeated queries, kept while the database holds the same data.
 
-    Before each ``best`` or ``frontier`` answer, one statement reads the database's version
-    (``pareto.store.health.database_version``): the highest measurement and environment ids, the
-    number of studies and their latest update time.
-    Every change that can alter such an answer moves one of them — a measurement or confirmation
-    stored (the row a confirmation replaces is demoted in the same transaction), a study created,
-    continued with a new SLO, or deleted — so a kept answer is returned only while it is still the
-    answer, and a query that costs a database scan runs once per change, not once per request.
+    Before each ``best`` or ``frontier`` answer, one statement reads the store's data version
+    (``pareto.store.version.data_version``), a counter that every transaction of pareto's store that
+    writes anything bumps: a measurement or confirmation stored, a night's measurements withdrawn
+    (``preferred`` flags flipped, no row added), a study created, continued or deleted. A kept answer
+    is returned only while the counter has not moved, so it is still the answer, and a query that
+    costs a database scan runs once per change, not once per request.
     """
 
-    def __init__(self, url: str, size: int = 512) -> None:
-        self.url, self.size = url, size
-        self._kept: OrderedDict[tuple[Any, ...], tuple[Any, int, bytes]] = OrderedDict()
+    def __init__(self, url: str, reveal: bool, size: int = 512) -> None:
+        self.url, self.reveal, self.size = url, reveal, size
+        self._kept: OrderedDict[tuple[Any, ...], tuple[int, int, bytes]] = OrderedDict()
         self._lock = threading.Lock()
 
-    async def answer(self, key: tuple[Any, ...], compute: Callable[[], Any]) -> Response:
+    def answer(self, key: tuple[Any, ...], compute: Callable[[], Any]) -> Response:
         """``compute()``'s JSON (or its pareto error, as the handler would write it), kept by ``key``.
 
-        A kept answer is returned on the event loop (one indexed statement); ``compute`` runs in the
-        thread pool, so that a slow query never holds the other requests up.
+        Blocks on the database (the version read, then ``compute`` when nothing current is kept):
+        call it from a route that is a plain function, which FastAPI runs in its thread pool.
         """
         version = self._version()
         with self._lock:
@@ -145,22 +156,40 @@ class _Answers:
             if kept is not None and kept[0] == version:
                 self._kept.move_to_end(key)
                 return Response(kept[2], status_code=kept[1], media_type="application/json")
-        status, rendered = await run_in_threadpool(self._compute, compute)
+        status, rendered = self._compute(compute)
+        if status >= 500:  # the database failed this once: the next request asks it again
+            return Response(rendered, status_code=status, media_type="application/json")
         with self._lock:
             self._kept[key] = (version, status, rendered)
             while len(self._kept) > self.size:
                 self._kept.popitem(last=False)
         return Response(rendered, status_code=status, media_type="application/json")
 
-    def _version(self) -> tuple[Any, ...]:
-        return database_version(read_engine(self.url))
+    def _version(self) -> int:
+        return data_version(read_engine(self.url))
 
-    @staticmethod
-    def _compute(compute: Callable[[], Any]) -> tuple[int, bytes]:
+    def _compute(self, compute: Callable[[], Any]) -> tuple[int, bytes]:
         try:
             return 200, render(compute())
         except ParetoError as exc:
-            return status_of(exc), render({"detail": str(exc)})
+            status = status_of(exc)
+            return status, render({"detail": shown(status, str(exc), self.reveal)})
+
+
+_LOG = logging.getLogger(__name__)
+
+#: What a server without a token says of a database that does not answer (the reason goes to its log).
+DATABASE_DOWN = "The database does not answer; the server's log says why."
+
+
+def shown(status: int, detail: str, reveal: bool) -> str:
+    """The ``detail`` of an error answer: a 503's reason (the driver's error, naming the database's host,
+    user or path) only where ``reveal`` (a server with a token: only its holders reach the data), else
+    ``DATABASE_DOWN``, the reason logged."""
+    if status != 503 or reveal:
+        return detail
+    _LOG.warning("%s", detail)
+    return DATABASE_DOWN
 
 
 SloP99 = Annotated[
@@ -186,15 +215,16 @@ StudyName = Annotated[str, Path(description="The study's name.")]
 _ERRORS: dict[int | str, dict[str, Any]] = {
     404: {"description": "No such study, or no stored configuration meets the SLO; `detail` says which."},
     422: {"description": "A malformed or out-of-range value; `detail` says which."},
-    503: {"description": "The database does not answer; `detail` says why."},
+    503: {"description": "The database does not answer; on a server with a token, `detail` says why."},
 }
 
 
-def create_app(db_url: str, token: str | None = None) -> FastAPI:
+def create_app(db_url: str, token: str | None = None, allowed_hosts: Iterable[str] = ()) -> FastAPI:
     """The FastAPI app answering queries on ``db_url``; with ``token``, the data endpoints need it.
 
     ``db_url`` is resolved as ``--db`` is (a bare path means SQLite). Nothing is opened here: each
     request reads through ``pareto.api``, and ``pareto serve`` checks the database before it starts.
+    A request's ``Host`` header must name ``LOCAL_HOSTS`` or one of ``allowed_hosts`` (``*``: any).
     """
     if token is not None and not token.strip():
         raise UsageError("An empty token would let every request through; give a token or none.")
@@ -205,21 +235,65 @@ def create_app(db_url: str, token: str | None = None) -> FastAPI:
         description=DESCRIPTION,
         default_response_class=JSONText,
     )
-    _add_error_handlers(app)
-    _add_health_route(app, _Health(url))
-    app.include_router(_query_router(url, token, _Answers(url)))
+    app.add_middleware(_TrustedHosts, hosts=[*LOCAL_HOSTS, *allowed_hosts])
+    _add_error_handlers(app, reveal=token is not None)
+    _add_health_route(app, _Health(url), token)
+    app.include_router(_query_router(url, token, _Answers(url, reveal=token is not None)))
     return app
 
 
-def _add_error_handlers(app: FastAPI) -> None:
-    """Each error as ``{"detail": reason}``: a pareto error at its status, a bad value 422, the database gone 503."""
+#: The names this machine answers to from itself; ``pareto serve`` adds ``--host`` and ``--allowed-host``.
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+
+class _TrustedHosts:
+    """400 to a request whose ``Host`` header names none of ``hosts`` (``*`` allows any).
+
+    DNS rebinding: a web page at evil.example whose name is then made to point at 127.0.0.1 reads a
+    loopback server with the visitor's browser, but the browser still sends ``Host: evil.example``.
+    ``/healthz`` is exempt (it says up or down, and a load balancer's probe names the address).
+    """
+
+    def __init__(self, app: ASGIApp, hosts: Iterable[str]) -> None:
+        self.app = app
+        self.hosts = frozenset(host.strip("[]").rstrip(".").lower() for host in hosts)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or "*" in self.hosts or scope["path"] == "/healthz":
+            await self.app(scope, receive, send)
+            return
+        header = Headers(scope=scope).get("host")
+        if _host_name(header) in self.hosts:
+            await self.app(scope, receive, send)
+            return
+        detail = (
+            f"Host {header!r} is not one this server answers to; start pareto serve with --allowed-host NAME "
+            "for each name clients use to reach it."
+        )
+        await JSONText({"detail": detail}, status_code=400)(scope, receive, send)
+
+
+def _host_name(header: str | None) -> str | None:
+    """The host a ``Host`` header names, lower case, without port, brackets or trailing dot (None if malformed)."""
+    try:
+        name = urlsplit(f"//{header}").hostname if header else None
+    except ValueError:  # a malformed IPv6 literal or port
+        return None
+    return name.rstrip(".") if name else None
+
+
+def _add_error_handlers(app: FastAPI, reveal: bool) -> None:
+    """Each error as ``{"detail": reason}``: a pareto error at its status, a bad value 422, the database gone 503
+    (its reason only where ``reveal``: see ``shown``)."""
 
     async def pareto_error(_request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ParetoError)
-        return JSONText({"detail": str(exc)}, status_code=status_of(exc))
+        status = status_of(exc)
+        return JSONText({"detail": shown(status, str(exc), reveal)}, status_code=status)
 
     async def database_error(_request: Request, exc: Exception) -> Response:
-        return JSONText({"detail": f"The database did not answer: {_driver_message(exc)}."}, status_code=503)
+        detail = shown(503, f"The database did not answer: {_driver_message(exc)}.", reveal)
+        return JSONText({"detail": detail}, status_code=503)
 
     async def bad_value(_request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
@@ -230,23 +304,27 @@ def _add_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(OperationalError, database_error)  # a database that went away while serving
 
 
-def _add_health_route(app: FastAPI, health: _Health) -> None:
-    """``GET /healthz``, which needs no token."""
+def _add_health_route(app: FastAPI, health: _Health, token: str | None) -> None:
+    """``GET /healthz``, which needs no token; the reason the database is down only with the token."""
 
     @app.get(
         "/healthz",
         summary="Whether the database answers",
         response_model=None,
-        responses={503: {"description": "The database does not answer; `detail` says why."}},
+        responses={503: {"description": "The database does not answer; with the server's token, `detail` says why."}},
         tags=["health"],
     )
-    def healthz() -> Response:
-        """200 `{"status": "ok"}` when the database answers and holds pareto's tables, else 503 with
-        the reason. Needs no token."""
+    def healthz(request: Request) -> Response:
+        """200 `{"status": "ok"}` when the database answers and holds pareto's tables, else 503
+        `{"status": "unavailable"}`. Needs no token; the 503 says why (`detail`: the driver's error,
+        which may name the database's host, user or path) only to a request with the server's token."""
         problem = health.problem()
-        if problem is not None:
-            return JSONText({"status": "unavailable", "detail": problem}, status_code=503)
-        return JSONText({"status": "ok", "version": pareto.__version__})
+        if problem is None:
+            return JSONText({"status": "ok", "version": pareto.__version__})
+        down: dict[str, str] = {"status": "unavailable"}
+        if token is not None and _has_token(request.headers.get("authorization"), token):
+            down["detail"] = problem
+        return JSONText(down, status_code=503)
 
 
 def _query_router(url: str, token: str | None, answers: _Answers) -> APIRouter:
@@ -270,7 +348,7 @@ def _add_limit_routes(router: APIRouter, url: str, answers: _Answers) -> None:
     """A study's ``frontier`` and ``best`` under the limits in the query string, kept by ``answers``."""
 
     @router.get("/studies/{name}/frontier", summary="A study's Pareto frontier", response_model=None, tags=["queries"])
-    async def frontier(
+    def frontier(
         name: StudyName,
         slo_p99_ms: SloP99 = None,
         min_accuracy: MinAccuracy = None,
@@ -279,7 +357,7 @@ def _add_limit_routes(router: APIRouter, url: str, answers: _Answers) -> None:
     ) -> Response:
         """The non-dominated configurations on the study's objectives, fastest first, each judged
         against the SLO: the JSON of `pareto frontier --json`."""
-        return await answers.answer(
+        return answers.answer(
             ("frontier", name, slo_p99_ms, min_accuracy, max_memory_bytes, environment),
             lambda: api.frontier(
                 study=name,
@@ -297,7 +375,7 @@ def _add_limit_routes(router: APIRouter, url: str, answers: _Answers) -> None:
         response_model=None,
         tags=["queries"],
     )
-    async def best(
+    def best(
         name: StudyName,
         slo_p99_ms: SloP99 = None,
         min_accuracy: MinAccuracy = None,
@@ -307,7 +385,7 @@ def _add_limit_routes(router: APIRouter, url: str, answers: _Answers) -> None:
         """The configuration with the highest accuracy whose conservative bounds meet every limit
         (confirmed measurements first): the JSON of `pareto best --json`. 404 with the closest
         configuration named when nothing stored meets the SLO."""
-        return await answers.answer(
+        return answers.answer(
             ("best", name, slo_p99_ms, min_accuracy, max_memory_bytes, environment),
             lambda: api.best(
                 study=name,
@@ -326,11 +404,9 @@ _BEARER = HTTPBearer(auto_error=False, description="The token in the file given 
 
 def _bearer(token: str) -> Callable[..., None]:
     """A dependency that lets a request through only with ``Authorization: Bearer <token>``."""
-    expected = token.encode("utf-8")
 
     def require(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]) -> None:
-        given = credentials.credentials.encode("utf-8") if credentials is not None else b""
-        if not hmac.compare_digest(given, expected):
+        if not _matches(credentials.credentials if credentials is not None else "", token):
             raise HTTPException(
                 status_code=401,
                 detail="Send the server's token as 'Authorization: Bearer <token>'.",
@@ -338,6 +414,17 @@ def _bearer(token: str) -> Callable[..., None]:
             )
 
     return require
+
+
+def _has_token(authorization: str | None, token: str) -> bool:
+    """Whether an ``Authorization`` header is ``Bearer <token>``."""
+    scheme, given = get_authorization_scheme_param(authorization)
+    return scheme.lower() == "bearer" and _matches(given, token)
+
+
+def _matches(given: str, token: str) -> bool:
+    """``given == token`` in constant time."""
+    return hmac.compare_digest(given.encode("utf-8"), token.encode("utf-8"))
 
 
 def _driver_message(exc: BaseException) -> str:

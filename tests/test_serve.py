@@ -4,6 +4,7 @@ server in its own."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -11,9 +12,10 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
@@ -24,8 +26,24 @@ from pareto._search import run_search
 from pareto.spec import SearchSpec
 from tests.conftest import POSTGRES_ENV, _postgres_database
 
+if TYPE_CHECKING:
+    from fastapi.testclient import TestClient
+
 ROOT = Path(__file__).resolve().parents[1]
 STUDY = "tiny"
+
+
+DATABASE_DOWN = "The database does not answer; the server's log says why."
+
+
+def local_client(db_url: str, **options: Any) -> TestClient:
+    """A test client of ``create_app(db_url, **options)`` that calls the server ``localhost``, as a local
+    client does (the test client's own name, ``testserver``, is not an allowed host)."""
+    from fastapi.testclient import TestClient
+
+    from pareto.serve import create_app
+
+    return TestClient(create_app(db_url, **options), base_url="http://localhost")
 
 
 def _env() -> dict[str, str]:
@@ -285,27 +303,111 @@ def test_openapi_describes_the_read_only_api(served: tuple[str, str, Path]) -> N
 
 
 def test_healthz_is_503_when_the_database_goes(sqlite_db: str, tmp_path: Path) -> None:
-    from fastapi.testclient import TestClient
-
-    from pareto.serve import create_app
-
     db = tmp_path / "moved.db"
     with sqlite3.connect(sqlite_db.removeprefix("sqlite:///")) as source, sqlite3.connect(db) as copy:
         source.backup(copy)
-    client = TestClient(create_app(f"sqlite:///{db}"))
+    client = local_client(f"sqlite:///{db}", token="s3cret")
     assert client.get("/healthz").status_code == 200
     db.rename(tmp_path / "elsewhere.db")
-    health = client.get("/healthz")
+    health = client.get("/healthz", headers={"Authorization": "Bearer s3cret"})
     assert health.status_code == 503
     assert health.json()["detail"].startswith(f"No database at {db}")
-    assert client.get("/studies").status_code == 503
+    assert client.get("/studies", headers={"Authorization": "Bearer s3cret"}).status_code == 503
     assert not db.exists()  # the server looked and created nothing
+
+
+@pytest.mark.parametrize(
+    "db_url",
+    ["postgresql+psycopg://alice@127.0.0.1:1/secret_db", "sqlite:////nonexistent/alice/secret_db.db"],
+    ids=["postgresql", "sqlite"],
+)
+def test_healthz_says_why_only_to_the_token(db_url: str) -> None:
+    """A database that does not answer: without the server's token /healthz says down and nothing of the
+    driver's error (the database's host, user, path)."""
+    for client, headers in (
+        (local_client(db_url), {}),
+        (local_client(db_url, token="s3cret"), {}),
+        (local_client(db_url, token="s3cret"), {"Authorization": "Bearer wrong"}),
+    ):
+        health = client.get("/healthz", headers=headers)
+        assert health.status_code == 503 and health.json() == {"status": "unavailable"}, health.text
+        assert not {"alice", "secret_db", "127.0.0.1", "nonexistent"} & set(health.text.replace("/", " ").split())
+    told = local_client(db_url, token="s3cret").get("/healthz", headers={"Authorization": "Bearer s3cret"})
+    assert told.status_code == 503 and told.json()["status"] == "unavailable"
+    assert "alice" in told.json()["detail"] or "127.0.0.1" in told.json()["detail"]
+    for path in ("/studies", f"/studies/{STUDY}/best", f"/studies/{STUDY}/frontier"):  # nor do the data endpoints
+        down = local_client(db_url).get(path)
+        assert down.status_code == 503 and down.json() == {"detail": DATABASE_DOWN}, down.text
+
+
+def test_a_failed_answer_is_not_kept(sqlite_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A database that failed one query is asked again by the next request, not answered 503 from memory."""
+    from pareto import api
+    from pareto.errors import StoreError
+
+    answer, calls = api.best, []
+
+    def fails_once(**kwargs: Any) -> Any:
+        calls.append(kwargs)
+        if len(calls) == 1:
+            raise StoreError("The database does not answer: a network blip.")
+        return answer(**kwargs)
+
+    monkeypatch.setattr(api, "best", fails_once)
+    client = local_client(sqlite_db)
+    assert client.get(f"/studies/{STUDY}/best").status_code == 503
+    assert client.get(f"/studies/{STUDY}/best").status_code == 200
+
+
+@pytest.mark.parametrize("token", [None, "s3cret"])
+def test_a_host_that_is_not_allowed_is_400(sqlite_db: str, token: str | None) -> None:
+    """DNS rebinding: a page at evil.example whose name now points at 127.0.0.1 sends ``Host: evil.example``."""
+    client = local_client(sqlite_db, token=token, allowed_hosts=["pareto.internal"])
+    auth = {"Authorization": f"Bearer {token}"} if token else {}
+    path = f"/studies/{STUDY}/best"
+    for host in ("evil.example", "evil.example:8080", "localhost.evil.example", "127.0.0.1.nip.io", "[::2]:80", "x:y"):
+        refused = client.get(path, headers={"Host": host, **auth})
+        assert refused.status_code == 400, host
+        assert "--allowed-host" in refused.json()["detail"]
+    for host in ("localhost", "LOCALHOST:8080", "127.0.0.1:8080", "[::1]:8080", "pareto.internal", "localhost."):
+        assert client.get(path, headers={"Host": host, **auth}).status_code == 200, host
+    assert client.get("/healthz", headers={"Host": "10.0.0.7:8080"}).status_code == 200  # a load balancer's probe
+    anyone = local_client(sqlite_db, allowed_hosts=["*"])
+    assert anyone.get(path, headers={"Host": "evil.example"}).status_code == 200
+
+
+def test_no_database_call_runs_on_the_event_loop(sqlite_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each route that reads the database does so in the thread pool: a query on the event loop would hold
+    every other request until it returns."""
+    import pareto.serve
+    from pareto import api
+
+    on_loop: dict[str, bool] = {}
+
+    def recorded(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                asyncio.get_running_loop()
+                on_loop[name] = True
+            except RuntimeError:  # no event loop runs in this thread
+                on_loop.setdefault(name, False)
+            return function(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(pareto.serve, "data_version", recorded("data_version", pareto.serve.data_version))
+    for name in ("best", "frontier", "studies"):
+        monkeypatch.setattr(api, name, recorded(name, getattr(api, name)))
+    client = local_client(sqlite_db)
+    for path in ("/studies", f"/studies/{STUDY}/best", f"/studies/{STUDY}/frontier", f"/studies/{STUDY}/best"):
+        assert client.get(path).status_code == 200, path
+    assert on_loop == {"data_version": False, "best": False, "frontier": False, "studies": False}
 
 
 def test_token(sqlite_db: str, tmp_path: Path) -> None:
     token_file = tmp_path / "token"
     token_file.write_text("  s3cret-token\n")
-    server = start_server(sqlite_db, tmp_path, "--token-file", str(token_file))
+    server = start_server(sqlite_db, tmp_path, "--token-file", str(token_file), "--allowed-host", "pareto.internal")
     try:
         url = f"{server.base}/studies/{STUDY}/best"
         assert httpx.get(f"{server.base}/healthz").status_code == 200  # health needs no token
@@ -319,6 +421,9 @@ def test_token(sqlite_db: str, tmp_path: Path) -> None:
         assert httpx.get(f"{server.base}/studies", headers=good).status_code == 200
         assert httpx.get(f"{server.base}/studies/nosuch/best", headers=good).status_code == 404
         assert "HTTPBearer" in httpx.get(f"{server.base}/openapi.json").json()["components"]["securitySchemes"]
+        # the Host check stays with a token: --host and --allowed-host name the hosts beside localhost
+        assert httpx.get(url, headers={**good, "Host": "pareto.internal:80"}).status_code == 200
+        assert httpx.get(url, headers={**good, "Host": "evil.example"}).status_code == 400
         # Ctrl-C stops the server cleanly
         assert server.stop(signal.SIGINT) == 0
         log = server.log.read_text()
@@ -346,6 +451,7 @@ def test_a_host_that_is_not_loopback_is_warned_about(sqlite_db: str, capsys: pyt
     assert proc.returncode == 2
     warning, error = proc.stderr.strip().splitlines()
     assert warning.startswith("Warning: listening on 0.0.0.0") and "--token-file" in warning
+    assert "--allowed-host" in warning  # other machines call it by a name of its own: the Host check refuses it
     assert "is in use" in error
 
 
@@ -388,7 +494,7 @@ def test_the_app_does_not_import_torch(sqlite_db: str, tmp_path: Path) -> None:
         "import sys\n"
         "from fastapi.testclient import TestClient\n"
         "from pareto.serve import create_app\n"
-        f"client = TestClient(create_app({sqlite_db!r}))\n"
+        f"client = TestClient(create_app({sqlite_db!r}), base_url='http://localhost')\n"
         f"assert client.get('/studies/{STUDY}/best').status_code == 200\n"
         "heavy = {'torch', 'optuna', 'numpy', 'scipy'} & set(sys.modules)\n"
         "assert not heavy, f'the server imported {heavy}'\n"
@@ -401,11 +507,9 @@ def test_the_app_does_not_import_torch(sqlite_db: str, tmp_path: Path) -> None:
 
 def test_a_kept_answer_changes_when_the_database_does(sqlite_db: str, tmp_path: Path) -> None:
     """Repeated queries are answered from memory, but a new measurement or a deleted study shows at once."""
-    from fastapi.testclient import TestClient
     from sqlalchemy import select
 
     from pareto.metrics import FIELD_NAMES
-    from pareto.serve import create_app
     from pareto.store.engine import open_engine, session_scope
     from pareto.store.models import Measurement, Study, Trial
 
@@ -413,7 +517,7 @@ def test_a_kept_answer_changes_when_the_database_does(sqlite_db: str, tmp_path: 
     with sqlite3.connect(sqlite_db.removeprefix("sqlite:///")) as source, sqlite3.connect(db) as copy:
         source.backup(copy)
     url = f"sqlite:///{db}"
-    client = TestClient(create_app(url))
+    client = local_client(url)
     path = f"/studies/{STUDY}/best?slo_p99_ms=1000"
     first = client.get(path).json()
     assert client.get(path).json() == first  # kept
@@ -441,3 +545,48 @@ def test_a_kept_answer_changes_when_the_database_does(sqlite_db: str, tmp_path: 
     pareto.delete_study(STUDY, db=url)
     gone = client.get(path)
     assert gone.status_code == 404 and "No study named" in gone.json()["detail"]
+
+
+def _move_preferred(db_url: str, trial_number: int, to_kind: str) -> None:
+    """Trial ``trial_number``'s preferred measurement becomes its ``to_kind`` one, as a nightly's withdrawal
+    flips the flags back (``restore_preferred``): no row is added or removed."""
+    from sqlalchemy import select
+
+    from pareto.store.engine import open_engine, session_scope
+    from pareto.store.models import Measurement, Study, Trial
+
+    engine = open_engine(db_url, create=False)
+    try:
+        with session_scope(engine) as session:
+            study = session.scalars(select(Study).where(Study.name == STUDY)).one()
+            trial = session.scalars(
+                select(Trial).where(Trial.study_id == study.id, Trial.optuna_number == trial_number)
+            ).one()
+            rows = session.scalars(select(Measurement).where(Measurement.trial_id == trial.id)).all()
+            current = next(row for row in rows if row.preferred)
+            target = next(r for r in rows if r.kind == to_kind and r.environment_id == current.environment_id)
+            current.preferred = False
+            session.flush()  # one preferred row per trial and environment, at every statement
+            target.preferred = True
+    finally:
+        engine.dispose()
+
+
+def test_a_kept_answer_changes_when_only_flags_flip(study_db: str) -> None:
+    """A nightly withdrawn as noisy flips ``preferred`` flags and adds no row: the next answer is the new one,
+    as a server started afresh gives it, not the one kept."""
+    client = local_client(study_db)
+    path = f"/studies/{STUDY}/best?slo_p99_ms=1000"
+    first = client.get(path)
+    assert first.status_code == 200 and first.json()["confirmation"] is not None
+    assert client.get(path).text == first.text  # kept
+    trial = first.json()["trial"]
+    _move_preferred(study_db, trial, "search")  # the confirmation withdrawn
+    try:
+        again = client.get(path)
+        fresh = local_client(study_db).get(path)
+        assert fresh.text != first.text  # the flip changed the answer
+        assert again.text == fresh.text
+    finally:
+        _move_preferred(study_db, trial, "confirm")  # the module's other tests read this study
+    assert client.get(path).text == first.text

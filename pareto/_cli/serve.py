@@ -23,7 +23,15 @@ from pareto.errors import ParetoError, UsageError
     type=click.Path(dir_okay=False),
     help="File holding a token; every endpoint but /healthz then needs 'Authorization: Bearer <token>'.",
 )
-def command(db: str | None, host: str, port: int, token_file: str | None) -> int:
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    metavar="NAME",
+    help="A name clients reach the server by, beside localhost, 127.0.0.1, ::1 and --host (repeatable; '*': any). "
+    "Requests naming another in their Host header are refused (DNS rebinding).",
+)
+def command(db: str | None, host: str, port: int, token_file: str | None, allowed_hosts: tuple[str, ...]) -> int:
     """Answer studies, frontier and best over HTTP (read-only; OpenAPI at /docs); Ctrl-C stops."""
     try:
         import uvicorn
@@ -42,7 +50,7 @@ def command(db: str | None, host: str, port: int, token_file: str | None) -> int
     finally:
         engine.dispose()
     token = read_token(token_file) if token_file else None
-    app = create_app(url, token=token)
+    app = create_app(url, token=token, allowed_hosts=[host, *allowed_hosts])
     where = resolve(host, port)
     if not is_loopback(where[3]):
         err.print(
@@ -51,6 +59,11 @@ def command(db: str | None, host: str, port: int, token_file: str | None) -> int
                 "anyone who can reach it can read every study: pass --token-file."
                 if token is None
                 else "the token travels unencrypted unless a TLS proxy is in front."
+            )
+            + (
+                ""
+                if allowed_hosts
+                else " Requests that call it by another name than --host are refused: pass --allowed-host NAME."
             ),
             markup=False,
         )
