@@ -47,6 +47,7 @@ from pareto.errors import (
     NoFeasibleConfiguration,
     StoreError,
     TechniqueError,
+    TimingLockStuck,
     Transient,
     UsageError,
 )
@@ -427,6 +428,10 @@ class _AfterTrial:
                 f"{(outcome.error or 'no reason').rstrip('.')}; the search stops, every trial stored."
             )
             study.stop()
+        elif outcome.state == "BUSY" and self.objective.lock_stuck:  # a quieter machine would not help
+            self.reporter.notice("The search stops here, every trial stored; run it again once that process is gone.")
+            self.loop.stopped_busy = True
+            study.stop()
         elif outcome.state == "BUSY" and not wait_for_quiet(self.run, self.reporter.notice, BUSY_WAIT_S):
             self.loop.stopped_busy = True
             study.stop()
@@ -543,6 +548,7 @@ class _Objective:
         self.bench = setup.bench
         self.last: TrialOutcome | None = None
         self.flat = setup.spec.search.sampler in FLAT
+        self.lock_stuck = False  #: the last BUSY trial waited out the device's timing lock
 
     def __call__(self, trial: optuna.Trial) -> tuple[float, ...]:
         config = suggest(
@@ -685,6 +691,7 @@ class _Objective:
         """A trial that did not complete: FAILED with its reason (known when the configuration itself broke:
         a ``TechniqueError``), or BUSY (no verdict, never shown to the sampler)."""
         state = "BUSY" if isinstance(exc, MachineBusy) else "FAILED"
+        self.lock_stuck = isinstance(exc, TimingLockStuck)
         reason = str(exc) if isinstance(exc, (TechniqueError, MachineBusy)) else _interrupted(exc)
         known = isinstance(exc, TechniqueError) and not isinstance(exc, Transient) and not config.is_baseline
         with session_scope(self.bench.engine) as session:

@@ -247,7 +247,7 @@ def assess(
                 probe=probe,
                 ready=served.ready,
             )
-    except (UsageError, TechniqueError):
+    except (UsageError, TechniqueError, MachineBusy):  # the timing lock's holder never let go: BUSY, no verdict
         raise
     except Exception as exc:  # a compressed model that cannot run fails its trial, reason kept
         raise TechniqueError(f"{config.describe()} could not be measured: {type(exc).__name__}: {exc}") from exc

@@ -74,6 +74,11 @@ class MachineBusy(ParetoError):
     exit_code = 75
 
 
+class TimingLockStuck(MachineBusy):
+    """Another process held the device's timing lock past the wait (``pareto.locks.device_lock``): no
+    quieter moment helps, so a search stops at it (exit 75) instead of waiting and trying again."""
+
+
 class LockHeld(ParetoError):
     """Another job holds the lock this one needs (a nightly of the same study).
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from pareto.compress import BACKENDS, Backend, Config, apply, get_technique, registry
 from pareto.compress.cpu import LEVERS, cpu_facts
 from pareto.compress.pipeline import technique_reason
-from pareto.errors import NoEffect, TechniqueError, exception_line
+from pareto.errors import MachineBusy, NoEffect, TechniqueError, TimingLockStuck, exception_line
 from pareto.spec import Range, SearchSpec, Space, start_point_problem
 
 if TYPE_CHECKING:
@@ -249,6 +249,8 @@ def isolated_lever_speeds(
 
 #: The lever probe's own process: the longest it may take (builds included) before it is stopped.
 PROBE_TIMEOUT_S = 900.0
+#: the key of a child's result that says it could not time (``MachineBusy``)
+_BUSY = "machine_busy"
 
 
 def _in_child(
@@ -293,7 +295,10 @@ def in_process_of_its_own(target: Callable[..., None], *args: Any) -> dict[str, 
             return f"its process ran over {PROBE_TIMEOUT_S:.0f} s and was stopped"
         if child.exitcode != 0 or not out.exists():
             return f"its process ended with exit code {child.exitcode}"
-        return dict(json.loads(out.read_text()))
+        result = dict(json.loads(out.read_text()))
+    if _BUSY in result:  # the child could not time: raised here as it was there
+        raise (TimingLockStuck if result.get("stuck") else MachineBusy)(result[_BUSY])
+    return result
 
 
 def _probe_child(
@@ -306,7 +311,11 @@ def _probe_child(
 
     saved = torch.load(source, weights_only=False)
     layer = ProbeLayer(saved["module"], saved["inputs"], saved["shape"])
-    speeds = lever_speeds(layer, levers, backends, threads=threads)
+    try:
+        speeds = lever_speeds(layer, levers, backends, threads=threads)
+    except MachineBusy as exc:  # the timing lock never let go: the parent raises it, no traceback here
+        Path(target).write_text(json.dumps({_BUSY: str(exc), "stuck": isinstance(exc, TimingLockStuck)}))
+        return
     Path(target).write_text(json.dumps(speeds))
 
 
