@@ -172,3 +172,33 @@ def test_code_compiled_under_kernel_limits_is_cached_apart(monkeypatch: pytest.M
     assert separate_compiled_code() not in (None, avx2)  # other limits, another folder
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/somewhere/mine")
     assert separate_compiled_code() is None and os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/somewhere/mine"
+
+
+def test_pods_of_one_host_share_an_environment_under_its_host_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    from pareto.errors import UsageError
+
+    def on(hostname: str) -> dict[str, object]:
+        monkeypatch.setattr(socket, "gethostname", lambda: hostname)
+        return _fingerprint_on(monkeypatch, SAPPHIRE_RAPIDS)
+
+    monkeypatch.delenv("PARETO_HOST_ID", raising=False)
+    # unset: the hostname decides, as before it existed (a database from before keeps matching)
+    assert on("pareto-worker-7f9c")["hostname"] == "pareto-worker-7f9c"
+    assert environment_key(on("pareto-worker-7f9c")) != environment_key(on("pareto-worker-b2d1"))
+    before = {"device_name": "Xeon", "driver": None, "torch_version": "2.13.0+cpu", "cpu_model": "Xeon"}
+    assert environment_key({**before, "threads": 2, "hostname": "worker-1"}) == "40f31bf538b8003b"
+    monkeypatch.setenv("PARETO_HOST_ID", "   ")  # blank: as unset
+    assert on("pareto-worker-7f9c")["hostname"] == "pareto-worker-7f9c"
+    # set (to the node's name, say): every pod on the node is one environment, every night
+    monkeypatch.setenv("PARETO_HOST_ID", "gpu-node-3")
+    first, second = on("pareto-worker-7f9c"), on("pareto-nightly-29012-x8k2p")
+    assert first["hostname"] == second["hostname"] == "gpu-node-3"
+    assert environment_key(first) == environment_key(second)
+    # the hardware facts are still in the key: another CPU under the same identity is another environment
+    monkeypatch.setattr(socket, "gethostname", lambda: "pareto-worker-7f9c")
+    assert environment_key(_fingerprint_on(monkeypatch, CASCADE_LAKE)) != environment_key(first)
+    monkeypatch.setenv("PARETO_HOST_ID", "n" * 257)
+    with pytest.raises(UsageError, match="PARETO_HOST_ID is 257 characters long"):
+        on("pareto-worker-7f9c")

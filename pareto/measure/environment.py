@@ -11,8 +11,16 @@ import socket
 from pathlib import Path
 from typing import Any
 
-#: Fields that must match for two measurements to be comparable in one frontier.
+from pareto.errors import UsageError
+
+#: Fields that must match for two measurements to be comparable in one frontier. ``hostname`` holds the
+#: host's identity (``host_id``): ``PARETO_HOST_ID`` where set, else the hostname.
 KEY_FIELDS = ("device_name", "driver", "torch_version", "cpu_model", "threads", "hostname")
+#: Names one machine across the processes that run on it when their hostnames differ (a Kubernetes
+#: pod's is its own, new for every pod): pods on one node that set it alike share an environment.
+HOST_ID_ENV = "PARETO_HOST_ID"
+#: The longest host identity the database stores (``pareto_environments.hostname``).
+HOST_ID_MAX = 256
 #: Part of the key only where set, so that environments recorded before them (or without the library)
 #: keep their keys: installing or upgrading ONNX Runtime or torchao (whose kernels int8_dynamic prefers
 #: and int8_static needs) makes a new environment, as a torch upgrade does. ``cuda_math`` (CUDA only)
@@ -72,7 +80,8 @@ def fingerprint(device: str, threads: int) -> dict[str, Any]:
 
     Returns:
         device, device_name, driver (None on CPU), torch_version, python_version, platform,
-        cpu_model, cpu_count, threads, hostname, onnxruntime_version and torchao_version (None when
+        cpu_model, cpu_count, threads, hostname (``host_id()``: ``PARETO_HOST_ID`` where set, else the
+        hostname), onnxruntime_version and torchao_version (None when
         that library is not installed; then it is not part of the key), on CUDA ``cuda_math``
         (``cuda_math_settings``; None on the CPU), and the CPU's ``cpu_features`` (``KERNEL_FEATURES``
         it has), ``cpu_id`` (family, model and stepping; Arm's implementer and part) and
@@ -95,7 +104,7 @@ def fingerprint(device: str, threads: int) -> dict[str, Any]:
         "cpu_model": cpu_model,
         "cpu_count": os.cpu_count(),
         "threads": threads,
-        "hostname": socket.gethostname(),
+        "hostname": host_id(),
         "onnxruntime_version": onnxruntime_version(),
         "torchao_version": distribution_version("torchao"),
         "cuda_math": cuda_math_settings() if on_cuda else None,
@@ -104,6 +113,20 @@ def fingerprint(device: str, threads: int) -> dict[str, Any]:
         "cpu_capability": _cpu_capability(),
         "cpu_isa_limits": isa_limits(),
     }
+
+
+def host_id() -> str:
+    """The host's identity in the environment key: ``PARETO_HOST_ID`` where set (to one name for every
+    pod of a node, say), else the hostname, as before it existed. The hardware facts stay in the key
+    beside it, so two different machines never share an environment under one identity.
+
+    Raises:
+        UsageError: ``PARETO_HOST_ID`` is longer than the database stores.
+    """
+    configured = (os.environ.get(HOST_ID_ENV) or "").strip()
+    if len(configured) > HOST_ID_MAX:
+        raise UsageError(f"{HOST_ID_ENV} is {len(configured)} characters long; at most {HOST_ID_MAX} are stored.")
+    return configured or socket.gethostname()
 
 
 def host_cpu(library: str = "onednn") -> tuple[str | None, str | None]:
