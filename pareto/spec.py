@@ -409,11 +409,21 @@ def read_config(path: str | os.PathLike[str] | None) -> dict[str, Any]:
     if path is not None:
         where = str(path)
         try:
-            text = Path(path).read_text()
+            text = Path(path).read_text(encoding="utf-8")  # YAML's own encoding, whatever the locale's
         except OSError as exc:
             raise UsageError(f"Cannot read config {where}: {exc.strerror or exc}.") from exc
+        except UnicodeDecodeError as exc:  # a binary file, or text in another encoding
+            raise UsageError(
+                f"Config {where} is not a UTF-8 text file (byte 0x{exc.object[exc.start]:02x} at offset "
+                f"{exc.start}): pass a YAML search spec."
+            ) from exc
         try:
             loaded = yaml.safe_load(text)
+        except yaml.reader.ReaderError as exc:  # text with characters YAML does not allow (NUL, controls)
+            raise UsageError(
+                f"Config {where} is not a YAML text file (character #x{exc.character:04x} at offset "
+                f"{exc.position}): pass a YAML search spec."
+            ) from exc
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

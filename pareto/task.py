@@ -99,9 +99,10 @@ def load_task(ref: str) -> Task:
         known = ", ".join(sorted(BUILTIN_TASKS))
         raise TaskError(f"Unknown task {ref!r}: use a built-in task ({known}) or 'package.module:factory'.")
     module_name, _, attr = target.partition(":")
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        # `pareto search --task mymodule:make_task` finds modules beside the user, as `python -m` would
-        sys.path.insert(0, os.getcwd())
+    if module_name.partition(".")[0] != "pareto" and os.getcwd() not in sys.path and "" not in sys.path:
+        # `pareto search --task mymodule:make_task` finds modules beside the user; last, so that a stray
+        # file there (a `sklearn.py`) never shadows an installed module that pareto or the task imports
+        sys.path.append(os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # any import-time failure of user code is reported, not raised

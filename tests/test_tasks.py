@@ -98,3 +98,56 @@ def test_a_corrupt_cache_file_is_replaced(
     demo.make_task()
     monkeypatch.setattr(demo, "_train", _never_train)
     assert demo.make_task().evaluate(task.model) > 0.9  # the rewritten file loads
+
+
+STRAY = 'raise ImportError("the stray sklearn.py in the working directory was imported")\n'
+MINE = """
+from tests.tiny_task import make_task as tiny
+
+def make_task():
+    task = tiny()
+    task.name = "mine"
+    return task
+"""
+LOADS = """
+import os, sys
+from pareto.task import load_task
+assert load_task("mytask:make_task").name == "mine"  # a user task beside the user: the folder is searched
+assert load_task("demo").name == "demo"  # which imports scikit-learn: the installed one, not the stray file
+print(sys.modules["sklearn"].__file__)
+assert sys.path[-1] == os.getcwd(), sys.path  # the folder is searched last
+"""
+
+
+def test_a_stray_module_in_the_working_folder_never_shadows_what_a_task_imports(
+    task: Task, cache_dir: Path, tmp_path: Path
+) -> None:
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    cwd, scripts = tmp_path / "work", tmp_path / "scripts"
+    cwd.mkdir(), scripts.mkdir()
+    (cwd / "sklearn.py").write_text(STRAY)
+    (cwd / "mytask.py").write_text(MINE)
+    (scripts / "loads.py").write_text(LOADS)  # run as a file: Python puts its folder, not the cwd, on the path
+    env = {**os.environ, "PYTHONPATH": str(root), "PARETO_CACHE_DIR": str(cache_dir)}
+    proc = subprocess.run(
+        [sys.executable, str(scripts / "loads.py")], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert not proc.stdout.strip().startswith(str(cwd)), proc.stdout
+
+
+def test_a_built_in_task_leaves_the_import_path_alone(
+    task: Task, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+    import sys
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", os.getcwd())])
+    before = list(sys.path)
+    assert load_task("demo").name == "demo"
+    assert sys.path == before

@@ -176,3 +176,23 @@ def make_width_sensitive_task() -> Task:
     parameters of a technique that runs alone)."""
     torch.manual_seed(0)
     return _task("width-sensitive", _GroupsItsWidth())
+
+
+def make_interrupting_task() -> Task:
+    """The tiny MLP whose ``evaluate`` presses Ctrl-C: on its ``PARETO_TEST_SIGINT_AT``-th call (default 3)
+    it sends its own process SIGINT ``PARETO_TEST_SIGINTS`` times (default 1), then scores the model."""
+    import signal
+
+    task = make_task()
+    evaluate, at = task.evaluate, int(os.environ.get("PARETO_TEST_SIGINT_AT", "3"))
+    times, calls = int(os.environ.get("PARETO_TEST_SIGINTS", "1")), [0]
+
+    def interrupting(model: nn.Module) -> float:
+        calls[0] += 1
+        if calls[0] == at:
+            for _ in range(times):
+                os.kill(os.getpid(), signal.SIGINT)  # the handler runs before os.kill returns
+        return evaluate(model)
+
+    task.evaluate = interrupting
+    return task
