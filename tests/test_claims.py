@@ -71,24 +71,36 @@ def _measurements(engine: Engine) -> int:
         return int(session.scalar(select(func.count(Measurement.id))) or 0)
 
 
-def _pause_in(thread_name: str, target: Any, identifier: str, reached: threading.Event, go: threading.Event) -> Any:
-    """Pause the named thread at an ORM event (inside its open transaction) until ``go`` is set."""
+def _interleave(target: Any, identifier: str, first: Any, second: Any) -> None:
+    """Run ``first`` in thread A until it reaches the ORM event ``identifier`` of ``target`` (inside its
+    open transaction), then ``second`` in thread B for half a second while A waits there; then both end."""
+    reached, go = threading.Event(), threading.Event()
 
     def pause(*_args: Any) -> None:
-        if threading.current_thread().name == thread_name:
+        if threading.current_thread().name == "A":
             reached.set()
             assert go.wait(30)
 
     event.listen(target, identifier, pause)
-    return pause
+    try:
+        a = threading.Thread(target=first, name="A")
+        a.start()
+        assert reached.wait(30)
+        b = threading.Thread(target=second, name="B")
+        b.start()
+        b.join(0.5)
+        go.set()
+        a.join(60)
+        b.join(60)
+    finally:
+        go.set()
+        event.remove(target, identifier, pause)
 
 
 def test_a_configuration_is_claimed_once_when_the_first_claim_commits_last(store: tuple[Engine, Claims]) -> None:
     # A's claim gets its id first and commits last (on PostgreSQL ids follow the sequence, not the commit
     # order); B claims meanwhile. One of them measures; the other is answered by its measurement.
     engine, claimer = store
-    reached, go = threading.Event(), threading.Event()
-    pause = _pause_in("A", Trial, "after_insert", reached, go)
     results: dict[str, Any] = {}
     tried = {"A": threading.Event(), "B": threading.Event()}
 
@@ -100,19 +112,8 @@ def test_a_configuration_is_claimed_once_when_the_first_claim_commits_last(store
             _measure(engine, claimer, row_id)
         results[name] = twin
 
-    try:
-        a = threading.Thread(target=worker, args=("A", 0), name="A")
-        a.start()
-        assert reached.wait(30)
-        b = threading.Thread(target=worker, args=("B", 1), name="B")
-        b.start()
-        b.join(0.5)  # B tries to claim while A's claim is flushed and not committed
-        go.set()
-        a.join(60)
-        b.join(60)
-    finally:
-        go.set()
-        event.remove(Trial, "after_insert", pause)
+    # B tries to claim while A's claim is flushed and not committed
+    _interleave(Trial, "after_insert", lambda: worker("A", 0), lambda: worker("B", 1))
     assert sorted(twin is None for twin in results.values()) == [False, True]
     assert _measurements(engine) == 1
     with session_scope(engine) as session:
@@ -125,24 +126,13 @@ def test_a_twin_waiting_between_complete_and_the_measurement_is_answered_by_it(s
     engine, claimer = store
     row_id, twin = claimer.claim(_row(claimer, 0), "cfg", waiting=lambda: None)
     assert twin is None
-    reached, go = threading.Event(), threading.Event()
-    pause = _pause_in("A", Measurement, "before_insert", reached, go)
     answered: list[Any] = []
-    try:
-        a = threading.Thread(target=_measure, args=(engine, claimer, row_id), name="A")
-        a.start()
-        assert reached.wait(30)
-        b = threading.Thread(
-            target=lambda: answered.append(claimer.claim(_row(claimer, 1), "cfg", waiting=lambda: None)), name="B"
-        )
-        b.start()
-        b.join(0.5)
-        go.set()
-        a.join(60)
-        b.join(60)
-    finally:
-        go.set()
-        event.remove(Measurement, "before_insert", pause)
+    _interleave(
+        Measurement,
+        "before_insert",
+        lambda: _measure(engine, claimer, row_id),
+        lambda: answered.append(claimer.claim(_row(claimer, 1), "cfg", waiting=lambda: None)),
+    )
     [(_, twin_of_b)] = answered
     assert twin_of_b is not None and twin_of_b.number == 0 and twin_of_b.metrics["accuracy"] == 0.9
     assert _measurements(engine) == 1
@@ -196,8 +186,6 @@ def test_two_confirmations_stored_at_once_leave_one_preferred(store: tuple[Engin
     engine, claimer = store
     row_id, _ = claimer.claim(_row(claimer, 0), "cfg", waiting=lambda: None)
     assert _measure(engine, claimer, row_id)
-    reached, go = threading.Event(), threading.Event()
-    pause = _pause_in("A", Measurement, "after_insert", reached, go)
     errors: list[BaseException] = []
 
     def confirm() -> None:
@@ -207,19 +195,7 @@ def test_two_confirmations_stored_at_once_leave_one_preferred(store: tuple[Engin
         except BaseException as exc:
             errors.append(exc)
 
-    try:
-        a = threading.Thread(target=confirm, name="A")
-        a.start()
-        assert reached.wait(30)
-        b = threading.Thread(target=confirm, name="B")
-        b.start()
-        b.join(0.5)
-        go.set()
-        a.join(60)
-        b.join(60)
-    finally:
-        go.set()
-        event.remove(Measurement, "after_insert", pause)
+    _interleave(Measurement, "after_insert", confirm, confirm)
     assert not errors, errors
     with session_scope(engine) as session:
         kinds = session.execute(select(Measurement.kind, Measurement.preferred).order_by(Measurement.id)).all()
