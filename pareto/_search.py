@@ -564,6 +564,7 @@ class _Objective:
         while twin is None:
             try:
                 result = self._assess(config)
+                self._store(row_id, result)  # inside: a store that fails leaves no RUNNING row behind
             except NoEffect as exc:
                 # a technique that changed nothing after the ones before it: the configuration is its
                 # smaller twin, measured as that (or answered as a repeat of it), and known to be from now on
@@ -579,7 +580,6 @@ class _Objective:
             except BaseException as exc:
                 self._end(row_id, trial, config, exc)
                 raise
-            self._store(row_id, result)
             outcome = TrialOutcome(trial.number, "COMPLETE", config.describe(), result.metrics.to_dict())
             return self._finish(trial, outcome)
         return self._repeat(trial, config, twin)

@@ -70,9 +70,9 @@ class _StaleTrial:
     def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         with session_scope(self.engine) as session:
             row = trials.trial_by_number(session, self.study_id, trial.number)
-            if row is not None and row.state == "RUNNING":
-                row.state, row.finished_at = "FAILED", utcnow()
-                row.error = f"its worker stopped (no heartbeat for {self.grace_s} s); retried as a new trial"
+            if row is not None:  # only a RUNNING row: its worker may have stored a verdict since
+                why = f"its worker stopped (no heartbeat for {self.grace_s} s); retried as a new trial"
+                trials.finish_trial(session, row.id, "FAILED", why)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             optuna.storages.RetryFailedTrialCallback(max_retry=1)(study, trial)

@@ -71,13 +71,14 @@ def _measurements(engine: Engine) -> int:
         return int(session.scalar(select(func.count(Measurement.id))) or 0)
 
 
-def _interleave(target: Any, identifier: str, first: Any, second: Any) -> None:
+def _interleave(target: Any, identifier: str, first: Any, second: Any, when: Any = None) -> None:
     """Run ``first`` in thread A until it reaches the ORM event ``identifier`` of ``target`` (inside its
-    open transaction), then ``second`` in thread B for half a second while A waits there; then both end."""
+    open transaction; ``when(*event_args)`` picks which), then ``second`` in thread B for half a second
+    while A waits there; then both end."""
     reached, go = threading.Event(), threading.Event()
 
-    def pause(*_args: Any) -> None:
-        if threading.current_thread().name == "A":
+    def pause(*args: Any) -> None:
+        if threading.current_thread().name == "A" and (when is None or when(*args)):
             reached.set()
             assert go.wait(30)
 
@@ -112,8 +113,14 @@ def test_a_configuration_is_claimed_once_when_the_first_claim_commits_last(store
             _measure(engine, claimer, row_id)
         results[name] = twin
 
-    # B tries to claim while A's claim is flushed and not committed
-    _interleave(Trial, "after_insert", lambda: worker("A", 0), lambda: worker("B", 1))
+    # B tries to claim while A's claim is inserted and not committed
+    _interleave(
+        engine,
+        "after_cursor_execute",
+        lambda: worker("A", 0),
+        lambda: worker("B", 1),
+        when=lambda _conn, _cursor, statement, *_: statement.startswith("INSERT INTO pareto_trials"),
+    )
     assert sorted(twin is None for twin in results.values()) == [False, True]
     assert _measurements(engine) == 1
     with session_scope(engine) as session:
@@ -200,3 +207,26 @@ def test_two_confirmations_stored_at_once_leave_one_preferred(store: tuple[Engin
     with session_scope(engine) as session:
         kinds = session.execute(select(Measurement.kind, Measurement.preferred).order_by(Measurement.id)).all()
     assert [tuple(k) for k in kinds] == [("search", False), ("confirm", False), ("confirm", True)]
+
+
+def test_the_data_version_moves_once_with_every_transaction_that_writes(store: tuple[Engine, Claims]) -> None:
+    from sqlalchemy.exc import IntegrityError
+
+    from pareto.store.version import data_version
+
+    engine, claimer = store
+    start = data_version(engine)
+    with session_scope(engine) as session:  # reads only
+        session.scalars(select(Trial)).all()
+    assert data_version(engine) == start
+    claimer.claim(_row(claimer, 0), "cfg", waiting=lambda: None)
+    assert data_version(engine) == start + 1
+    with session_scope(engine) as session:  # a write, then a savepoint that rolls back: the write stays
+        session.add(_row(claimer, 1, key="other")(state="BUSY"))
+        session.flush()
+        try:
+            with session.begin_nested():
+                session.add(_row(claimer, 1, key="again")(state="BUSY"))  # the same Optuna number
+        except IntegrityError:
+            pass
+    assert data_version(engine) == start + 2

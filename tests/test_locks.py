@@ -130,9 +130,9 @@ def test_a_search_stops_at_a_timing_lock_that_is_never_let_go(
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PARETO_LOCK_TIMEOUT_S": "1"}
     env.pop("PARETO_DB_URL", None)
     started = time.monotonic()
+    search = ["search", "--task", "tests.tiny_task:make_task", "--threads", "1", "--device", "cpu", "--warmup", "5"]
     proc = subprocess.run(
-        [sys.executable, "-m", "pareto", "search", "--task", "tests.tiny_task:make_task", "--threads", "1"]
-        + ["--device", "cpu", "--warmup", "5", "--n-trials", "4", "--keep", "int8_dynamic", "--db", db],
+        [sys.executable, "-m", "pareto", *search, "--n-trials", "4", "--keep", "int8_dynamic", "--db", db],
         cwd=tmp_path,
         env=env,
         capture_output=True,

@@ -8,6 +8,8 @@ Create Date: 2026-12-06 19:00:00
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 import sqlalchemy as sa
 from alembic import op
 
@@ -24,6 +26,7 @@ _TRIALS = sa.table(
     sa.column('config_key', sa.String()),
     sa.column('state', sa.String()),
     sa.column('error', sa.Text()),
+    sa.column('finished_at', sa.DateTime(timezone=True)),
 )
 _MEASUREMENTS = sa.table(
     'pareto_measurements',
@@ -50,7 +53,11 @@ def upgrade() -> None:
             bind.execute(
                 sa.update(_TRIALS)
                 .where(_TRIALS.c.id == row.id)
-                .values(state='FAILED', error='interrupted: running beside an earlier trial of the same configuration')
+                .values(
+                    state='FAILED',
+                    error='interrupted: running beside an earlier trial of the same configuration',
+                    finished_at=datetime.now(timezone.utc),
+                )
             )
         seen.add(where)
     preferred = bind.execute(

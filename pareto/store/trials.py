@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select, text, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -66,14 +67,19 @@ def claim_trial(session: Session, row: Trial) -> int | None:
     the insert loses cleanly, nothing of it is stored). On PostgreSQL an insert beside an uncommitted
     claim waits for it to commit or roll back, so the loser never measures beside the winner."""
     row.state = "RUNNING"
-    try:
-        with session.begin_nested():
-            session.add(row)
-        return row.id
-    except IntegrityError:
-        if row in session:
-            session.expunge(row)
-        return None
+    values = {c.key: getattr(row, c.key) for c in Trial.__table__.columns if getattr(row, c.key) is not None}
+    dialect = session.get_bind().dialect.name
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    statement = (
+        insert(Trial)
+        .values(**values)
+        .on_conflict_do_nothing(
+            index_elements=["study_id", "environment_id", "config_key"], index_where=text("state = 'RUNNING'")
+        )
+        .returning(Trial.id)
+    )
+    # no savepoint: on SQLite, one that opens the transaction commits it when released
+    return session.execute(statement).scalar()
 
 
 def drop_trial(session: Session, trial_id: int) -> None:
@@ -114,12 +120,16 @@ def finish_trial(
     longer RUNNING (failed by another worker that took this one for dead: its verdict stands).
     ``config_failed``: FAILED because the configuration itself broke (a repeat of it is then answered
     with ``error``, never built again)."""
-    row = session.get(Trial, trial_id, with_for_update=True)
-    assert row is not None, f"trial {trial_id} is not stored"
-    if row.state != "RUNNING":
+    done = session.execute(
+        update(Trial)
+        .where(Trial.id == trial_id, Trial.state == "RUNNING")
+        .values(state=state, error=error, finished_at=utcnow(), config_failed=config_failed)
+        .execution_options(synchronize_session=False)
+    )
+    if not getattr(done, "rowcount", 0):
         return None
-    row.state, row.error, row.finished_at = state, error, utcnow()
-    row.config_failed = config_failed
+    row = session.get(Trial, trial_id, populate_existing=True)
+    assert row is not None, f"trial {trial_id} is not stored"
     return row
 
 

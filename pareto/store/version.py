@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy import event, select, update
 from sqlalchemy.engine import Engine
-from sqlalchemy.orm import ORMExecuteState, Session
+from sqlalchemy.orm import ORMExecuteState, Session, SessionTransaction
 
 from pareto.store.models import DataVersion
 
@@ -42,6 +42,8 @@ def _executed(state: ORMExecuteState) -> None:
 
 @event.listens_for(ParetoSession, "before_commit")
 def _bump(session: Session) -> None:
+    if session.in_nested_transaction():  # a savepoint released: the outer transaction bumps, once, last
+        return
     if session.info.get(_WROTE) or session.new or session.dirty or session.deleted:
         session.flush()  # what is still pending is written before the counter moves
         bumped = session.execute(
@@ -51,12 +53,12 @@ def _bump(session: Session) -> None:
         if not getattr(bumped, "rowcount", 1):  # a schema made by create_all: the counter's row is made here
             session.add(DataVersion(id=1, version=1))
             session.flush()
-    session.info.pop(_WROTE, None)
 
 
-@event.listens_for(ParetoSession, "after_rollback")
-def _rolled_back(session: Session) -> None:
-    session.info.pop(_WROTE, None)
+@event.listens_for(ParetoSession, "after_transaction_end")
+def _ended(session: Session, transaction: SessionTransaction) -> None:
+    if transaction.parent is None:  # the outermost one (a savepoint rolled back leaves the writes before it)
+        session.info.pop(_WROTE, None)
 
 
 def data_version(engine: Engine) -> int:
