@@ -15,8 +15,9 @@ from pareto import claims
 from pareto.claims import Claims
 from pareto.store import trials
 from pareto.store.engine import open_engine, session_scope, upgrade
-from pareto.store.models import Environment, Measurement, Study, Trial
+from pareto.store.models import Measurement, Trial
 from tests.test_store import _MEASURED as _METRICS
+from tests.test_store import study_and_environment
 
 
 @pytest.fixture
@@ -25,19 +26,7 @@ def store(db_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Engine
     engine = open_engine(db_url)
     upgrade(engine)
     with session_scope(engine) as session:
-        env = Environment(
-            key="k",
-            device="cpu",
-            device_name="x",
-            torch_version="2",
-            cpu_model="x",
-            threads=1,
-            hostname="h",
-            details={},
-        )
-        study = Study(name="s", task="demo", spec={})
-        session.add_all([env, study])
-        session.flush()
+        env, study = study_and_environment(session)
         ids = study.id, env.id
     yield engine, Claims(engine, *ids, slo_ms=None)
     engine.dispose()

@@ -548,8 +548,8 @@ def test_a_kept_answer_changes_when_the_database_does(sqlite_db: str, tmp_path: 
 
 
 def _move_preferred(db_url: str, trial_number: int, to_kind: str) -> None:
-    """Trial ``trial_number``'s preferred measurement becomes its ``to_kind`` one, as a nightly's withdrawal
-    flips the flags back (``restore_preferred``): no row is added or removed."""
+    """Trial ``trial_number``'s preferred measurement becomes its ``to_kind`` one, as a nightly's promotion
+    flips the flags (``pareto.store.trials.promote``): no row is added or removed."""
     from sqlalchemy import select
 
     from pareto.store.engine import open_engine, session_scope

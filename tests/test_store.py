@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 from alembic.script import ScriptDirectory
 from sqlalchemy import inspect, select, text
+from sqlalchemy.orm import Session
 
 from pareto.errors import StoreError
 from pareto.store import trials
@@ -299,6 +300,17 @@ def test_a_server_database_connection_gives_up_after_a_timeout_unless_the_url_se
         assert time.monotonic() - started < 30
 
 
+def study_and_environment(session: Session) -> tuple[Environment, Study]:
+    """A study "s" and an environment "k", stored (ids assigned) in ``session``."""
+    env = Environment(
+        key="k", device="cpu", device_name="x", torch_version="2", cpu_model="x", threads=1, hostname="h", details={}
+    )
+    study = Study(name="s", task="demo", spec={})
+    session.add_all([env, study])
+    session.flush()
+    return env, study
+
+
 def test_two_noisy_nights_in_a_row_leave_the_answer_where_it_was(db_url: str) -> None:
     # a night's confirmations are stored held and promoted only when it ends with a verdict: two noisy (or
     # interrupted) nights in a row leave the search's measurement preferred; a night with a verdict
@@ -306,19 +318,7 @@ def test_two_noisy_nights_in_a_row_leave_the_answer_where_it_was(db_url: str) ->
     engine = open_engine(db_url)
     upgrade(engine)
     with session_scope(engine) as session:
-        env = Environment(
-            key="k",
-            device="cpu",
-            device_name="x",
-            torch_version="2",
-            cpu_model="x",
-            threads=1,
-            hostname="h",
-            details={},
-        )
-        study = Study(name="s", task="demo", spec={})
-        session.add_all([env, study])
-        session.flush()
+        env, study = study_and_environment(session)
         trial = Trial(
             study_id=study.id,
             optuna_number=0,
