@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from pareto.compress.base import Backend, Family, Technique, register
-from pareto.compress.served import Step
+from pareto.compress.served import GraphPool, Step
 from pareto.devices import as_args, model_device
 from pareto.errors import TechniqueError
 
@@ -50,11 +50,11 @@ def _compile_reason(device_type: str) -> str | None:
 class Compile(Technique):
     """Wrap the model in ``torch.compile(mode=...)`` and compile it on the task's example input.
 
-    ``build`` runs ``task.example_input(task.batch_size)`` once under ``torch.inference_mode`` so
-    that compilation happens there, not during timing, and returns the seconds it took with the
-    module (``Served.compile_s`` once applied): compile time is reported on its own and never
-    counted as latency. Each apply starts from a reset compiler cache, so one trial's graphs and
-    recompile limits never carry into the next.
+    ``build`` runs ``task.example_input(task.batch_size)`` once (twice in a mode that records CUDA
+    graphs) under ``torch.inference_mode`` so that compilation happens there, not during timing, and
+    returns the seconds it took with the module (``Served.compile_s`` once applied): compile time is
+    reported on its own and never counted as latency. Each apply starts from a reset compiler cache,
+    so one trial's graphs and recompile limits never carry into the next.
 
     Args:
         mode: ``"default"``; ``"reduce-overhead"`` (CUDA graphs on GPUs); ``"max-autotune"``
@@ -82,6 +82,11 @@ class Compile(Technique):
     def build(self, model: nn.Module, task: Task, *, freezing: bool = False) -> Step:
         """The compiled model, compiled on ``task.example_input(task.batch_size)``, and the seconds that took.
 
+        In a mode that records CUDA graphs on a GPU (``StepMarked``), the example runs twice: Inductor's
+        cudagraph trees run a graph's first call as a warm-up and record it on the next. The pool they
+        recorded into is read right after (``cudagraph_trees_pool``) and returned as the step's
+        ``graph_pool``, counted in memory.
+
         Args:
             model: The module to compile.
             task: The task view whose example input the compile runs on.
@@ -106,9 +111,14 @@ class Compile(Technique):
         with torch.inference_mode():
             start = time.perf_counter()
             compiled(*args)
+            if isinstance(compiled, StepMarked):
+                compiled(*args)  # the cudagraph trees warm a graph up on its first call and record it on the next
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             elapsed = time.perf_counter() - start
+        if isinstance(compiled, StepMarked):
+            pool, notes = cudagraph_trees_pool(device)
+            return Step(compiled, seconds=elapsed, graph_pool=pool, notes=notes)
         return Step(compiled, seconds=elapsed)
 
 
@@ -144,6 +154,34 @@ class StepMarked(_Compiled):
         torch.compiler.cudagraph_mark_step_begin()
         output = self._compiled(*args)
         return _pytree.tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, output)
+
+
+def cudagraph_trees_pool(device: torch.device) -> tuple[GraphPool | None, tuple[str, ...]]:
+    """The private memory pool of ``torch.compile``'s CUDA graphs on ``device`` now, or a note that it is not counted.
+
+    Inductor's cudagraph trees keep one tree manager per device (per thread, in
+    ``torch._inductor.cudagraph_trees``), and every graph it records goes into that manager's one
+    pool (``cuda_graphs_thread_pool``). ``Compile.build`` resets the compiler first, which drops the
+    trees, so right after its warm-up and recording the pool holds this configuration's graphs alone.
+    Its size is read as ``CudaGraphed``'s is (``GraphPool.read``). With no tree manager on the
+    device (torch.compile recorded no CUDA graph: it skips graphs it cannot record), or on a torch
+    that keeps the pool elsewhere, no pool is counted and the note says so.
+    """
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    try:
+        from torch._inductor import cudagraph_trees
+
+        manager = cudagraph_trees.get_manager(index, create_if_none_exists=False)
+    except (ImportError, AttributeError, TypeError):
+        manager = None
+    pool_id = getattr(manager, "cuda_graphs_thread_pool", None)
+    if pool_id is None:
+        note = (
+            f"memory: no pool of torch.compile's CUDA graphs is counted (no cudagraph tree on {device} after "
+            "the build: none was recorded, or this torch keeps it where pareto does not read it)"
+        )
+        return None, (note,)
+    return GraphPool.read(pool_id, device), ()
 
 
 #: Input signatures (shapes, dtypes, grad mode) one ``FrozenCompiled`` may compile a graph for.

@@ -3,9 +3,10 @@
 On a GPU a small model is launch-bound: each of its dozens of kernels costs the host a few
 microseconds to launch, more than the kernel takes to run, and no compression of the math helps.
 A CUDA graph records the kernels once (the capture) and replays them with one launch. Capture time
-is kept apart from latency like compile time, and the graph's private memory pool is counted in
-memory. Precision casts (``bf16``, ``fp16``), quantized kernels and Inductor's kernels applied
-before are recorded inside the graph.
+is kept apart from latency like compile time, and the graph's private memory pool, as built, is
+counted in memory. Precision casts (``bf16``, ``fp16``) and quantized kernels applied before are
+recorded inside the graph. The eager backend only: Inductor's kernels in CUDA graphs are
+``torch.compile``'s reduce-overhead mode.
 """
 
 from __future__ import annotations
@@ -40,14 +41,16 @@ class CudaGraphed(nn.Module):
 
     Attributes:
         _orig_mod: The module recorded (read for memory, FLOPs and export, as on ``torch.compile``'s wrapper).
-        graph_pool: The bytes the graphs' private memory pool holds (``Served.graph_pool``: counted in memory).
+        pool_id: The private memory pool's handle (``torch.cuda.graph_pool_handle``); None before the first capture.
+        graph_pool: The pool as built (``CudaGraphs.build`` reads it after the first capture; ``Served.graph_pool``:
+            counted in memory). Graphs recorded later for other shapes grow the pool, not this record.
     """
 
     def __init__(self, module: nn.Module) -> None:
         super().__init__()
         self._orig_mod = module
         self._graphs: dict[tuple[Any, ...], tuple[torch.cuda.CUDAGraph, list[torch.Tensor], Any]] = {}
-        self._pool: Any = None
+        self.pool_id: Any = None
         self.graph_pool = GraphPool()
 
     def forward(self, *args: Any) -> Any:
@@ -72,14 +75,12 @@ class CudaGraphed(nn.Module):
                 self._orig_mod(*static_args)
         torch.cuda.current_stream(device).wait_stream(side)
         torch.cuda.synchronize(device)
-        before = torch.cuda.memory_reserved(device)
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
+        if self.pool_id is None:
+            self.pool_id = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        with torch.cuda.graph(graph, pool=self.pool_id):
             static_output = self._orig_mod(*static_args)
         torch.cuda.synchronize(device)
-        self.graph_pool.reserved_bytes += max(0, torch.cuda.memory_reserved(device) - before)
         return graph, _tensors(static_args), static_output
 
 
@@ -118,9 +119,13 @@ def _graphed_already(model: nn.Module) -> bool:
 class CudaGraphs(Technique):
     """Record the model's forward pass as a CUDA graph per batch shape and replay it: one launch per call.
 
-    Applied after every other technique (precision casts, quantized kernels, torch.compile's default
-    mode), so what they launch is recorded too. CUDA only. The capture (with its warm-up calls)
-    happens in ``apply`` on the task's example input, timed apart from latency as compile time.
+    Applied after every other technique (precision casts, quantized kernels), so what they launch is
+    recorded too. CUDA and the eager backend only. The capture (with its warm-up calls) happens in
+    ``apply`` on the task's example input, timed apart from latency as compile time.
+
+    Not on the compile backend: serving compiles the module a configuration's techniques built, so
+    ``torch.compile`` would wrap the graph replayer, whose FLOPs count as a replay's (about none) and
+    which ``torch.export`` refuses. Inductor's kernels in CUDA graphs are ``compile``'s reduce-overhead mode.
     """
 
     name: ClassVar[str] = "cuda_graphs"
@@ -128,9 +133,10 @@ class CudaGraphs(Technique):
     excludes: ClassVar[frozenset[str]] = frozenset({"compile"})
     family: ClassVar[Family] = "compile"
     summary: ClassVar[str] = "the forward recorded as a CUDA graph per input shape and replayed: one launch (CUDA)"
-    #: after torch.compile (default mode) in the same configuration
+    #: last of the compile family (``compile`` itself is excluded from its configurations)
     order_in_family: ClassVar[int] = 1
-    backends: ClassVar[tuple[Backend, ...]] = ("eager", "compile")
+    #: eager only: on the compile backend torch.compile would wrap the replayer
+    backends: ClassVar[tuple[Backend, ...]] = ("eager",)
 
     def available(self, device: str, task: Task | None = None) -> str | None:
         if not device.startswith("cuda"):
@@ -148,6 +154,10 @@ class CudaGraphs(Technique):
 
     def build(self, model: nn.Module, task: Task) -> Step:
         """``CudaGraphed(model)`` with its first graph recorded, the capture's seconds, and its memory pool.
+
+        The pool is read right after that capture (``GraphPool.read``: its segments in the caching
+        allocator's snapshot) and kept as the configuration's; graphs recorded later for other batch
+        shapes (during evaluation, a batch sweep) grow the pool but not the stored number.
 
         Raises:
             TechniqueError: not on CUDA, graphs recorded already, or the forward cannot be recorded
@@ -169,5 +179,6 @@ class CudaGraphs(Technique):
         except Exception as exc:  # a forward that syncs with the host or allocates per call cannot be recorded
             raise TechniqueError(f"{self.describe()}: the forward could not be recorded: {exc}") from exc
         torch.cuda.synchronize(device)
-        # the capture's seconds (added to a compiled model's compile seconds by the pipeline): apart from latency
-        return Step(graphed, seconds=time.perf_counter() - start, graph_pool=graphed.graph_pool)
+        seconds = time.perf_counter() - start  # the capture's: kept apart from latency, as compile time
+        graphed.graph_pool = GraphPool.read(graphed.pool_id, device)
+        return Step(graphed, seconds=seconds, graph_pool=graphed.graph_pool)

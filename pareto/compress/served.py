@@ -13,17 +13,41 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from torch import nn
 
 
-@dataclass
+@dataclass(frozen=True)
 class GraphPool:
-    """The bytes a CUDA-graph replayer's private memory pool holds: it grows with each capture (a new input shape)."""
+    """The bytes a CUDA-graph private memory pool held when its configuration was built.
+
+    Read from the caching allocator's snapshot right after the build's capture, so a graph recorded
+    later for another input shape (during evaluation, or in a batch sweep) does not change it.
+    """
 
     reserved_bytes: int = 0
+
+    @classmethod
+    def read(cls, pool_id: tuple[int, int], device: Any) -> GraphPool:
+        """The pool ``pool_id`` on ``device`` now: the sizes of the segments ``torch.cuda.memory_snapshot()``
+        lists with that ``segment_pool_id``.
+
+        ``torch.cuda.memory_reserved`` cannot tell: ``torch.cuda.graph`` empties the allocator's cache
+        on entry, so reserved bytes read before a capture and after it differ by the pool less the cache freed.
+        """
+        import torch
+
+        index = torch.device(device).index
+        index = torch.cuda.current_device() if index is None else index
+        wanted = tuple(pool_id)
+        held = sum(
+            int(segment["total_size"])
+            for segment in torch.cuda.memory_snapshot()
+            if tuple(segment["segment_pool_id"]) == wanted and segment.get("device", index) == index
+        )
+        return cls(reserved_bytes=held)
 
 
 @dataclass(frozen=True)
@@ -36,12 +60,13 @@ class Step:
             latency, added up over the steps); None when it built none.
         compute_dtype: The dtype the module's kernels compute in, when it knows better than the
             module's parameters do (an ONNX Runtime graph's integer ops).
-        notes: How the module is served, when it is not by PyTorch (ONNX Runtime's version and settings).
+        notes: How the module is served or measured, for the method (ONNX Runtime's version and
+            settings; a CUDA-graph pool that is not counted).
         source: The PyTorch module FLOPs and activations are counted on, when ``module`` runs
             outside PyTorch (the module exported to ONNX).
         ready: Called before the warm-up of a latency measurement (ONNX Runtime opens its session
             at the timed thread count).
-        graph_pool: The CUDA graphs' private memory pool, counted in memory.
+        graph_pool: The CUDA graphs' private memory pool as built, counted in memory.
     """
 
     module: nn.Module
@@ -66,12 +91,13 @@ class Served:
             "fp8"); None leaves it to ``pareto.measure.compute.compute_dtype``.
         requires: Modules beside torch that loading the served model imports (the library that
             registers a PT2E graph's quantize/dequantize operators).
-        notes: How the model is served when it is not by PyTorch (ONNX Runtime's note), for the method.
+        notes: How the model is served or measured (ONNX Runtime's note; a CUDA-graph pool that is
+            not counted), for the method.
         inductor_freezing: Compiled with Inductor's freezing and static shapes (a PT2E graph).
         source: The PyTorch module FLOPs and activations are counted on when ``module`` runs outside
             PyTorch (ONNX Runtime); None otherwise.
         ready: Called before a latency measurement's warm-up; None when nothing needs it.
-        graph_pool: The CUDA graphs' private memory pool (read when memory is measured); None without graphs.
+        graph_pool: The CUDA graphs' private memory pool as built (counted in memory); None without graphs.
     """
 
     module: nn.Module
@@ -87,7 +113,7 @@ class Served:
 
     @property
     def graph_pool_bytes(self) -> int:
-        """Bytes the CUDA graphs' private memory pool holds now (0 without graphs)."""
+        """Bytes the CUDA graphs' private memory pool held when built (0 without graphs)."""
         return self.graph_pool.reserved_bytes if self.graph_pool is not None else 0
 
     def then(self, step: Step) -> Served:

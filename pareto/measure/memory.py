@@ -225,8 +225,9 @@ def memory_breakdown(
             activations), 4 when it has none.
         source: The PyTorch module whose activations are measured when ``model`` runs outside
             PyTorch (``pareto.compress.Served.source``); None measures ``model``.
-        graph_pool_bytes: Bytes a CUDA-graph replayer's private memory pool holds
-            (``pareto.compress.Served.graph_pool_bytes``), counted with the activations.
+        graph_pool_bytes: Bytes the CUDA graphs' private memory pool held when the configuration was
+            built (``pareto.compress.Served.graph_pool_bytes``: a ``CudaGraphed`` replayer's, or the
+            cudagraph trees' of ``torch.compile``'s reduce-overhead mode), counted with the activations.
 
     Returns:
         The breakdown; ``method`` says how each term was obtained.
@@ -247,7 +248,11 @@ def memory_breakdown(
     # allocates (almost) nothing, so the pool is what its activations take
     pool = graph_pool_bytes
     if pool:
-        method = method.replace("; KV cache:", f" + the CUDA graphs' private memory pool ({pool} B); KV cache:", 1)
+        counted = (
+            f" + the CUDA graphs' private memory pool as built ({pool} B: its segments in the caching allocator's "
+            "snapshot after the build's capture; graphs recorded later for other batch shapes not counted)"
+        )
+        method = method.replace("; KV cache:", f"{counted}; KV cache:", 1)
     return MemoryBreakdown(
         params_bytes=params_bytes(model),
         activation_bytes=activation_bytes(model, inputs, device, source=source) + pool,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import contextlib
+import sys
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -15,6 +17,8 @@ from pareto.measure.stats import LatencySummary, Verdict, slo_verdict
 
 #: A batch is "saturated" once its throughput reaches this fraction of the sweep's maximum.
 SATURATION_FRACTION = 0.9
+#: Graphs per compiled function a sweep allows beyond Dynamo's limit as it stood and one per batch size.
+SWEEP_RECOMPILE_MARGIN = 4
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,37 @@ def _point(batch: int, s: LatencySummary, slo_ms: float | None) -> ThroughputPoi
     )
 
 
+@contextlib.contextmanager
+def recompiles_for(batches: int) -> Iterator[int | None]:
+    """Raise Dynamo's recompile limit for a sweep of ``batches`` batch sizes, and make a hit an error.
+
+    A model compiled with static shapes (``torch.compile``'s reduce-overhead mode here) compiles a
+    graph per batch size; past ``torch._dynamo.config.recompile_limit`` graphs (8 by default) Dynamo
+    runs the function eagerly, silently. Inside, the limit is the one in force plus one per batch size
+    plus ``SWEEP_RECOMPILE_MARGIN``, and a hit raises ``FailOnRecompileLimitHit``
+    (``pareto.compress.compile.recompile_settings``). Yields the limit; None, with nothing changed,
+    when Dynamo is not loaded (nothing in this process has been compiled).
+    """
+    if "torch._dynamo" not in sys.modules:
+        yield None
+        return
+    import torch._dynamo.config as dynamo_config
+
+    from pareto.compress.compile import recompile_settings
+
+    name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"  # torch < 2.6
+    limit = int(getattr(dynamo_config, name)) + batches + SWEEP_RECOMPILE_MARGIN
+    with dynamo_config.patch(recompile_settings(limit)):
+        yield limit
+
+
+def _recompile_limit_hit(exc: BaseException) -> bool:
+    """True when ``exc`` is Dynamo refusing to compile another graph (``fail_on_recompile_limit_hit``)."""
+    exc_module = sys.modules.get("torch._dynamo.exc")
+    hit = getattr(exc_module, "FailOnRecompileLimitHit", None) or getattr(exc_module, "FailOnCacheLimitHit", None)
+    return hit is not None and isinstance(exc, hit)
+
+
 def throughput_curve(
     model: nn.Module,
     example_input: Callable[[int], Any],
@@ -112,7 +147,10 @@ def throughput_curve(
 
     Throughput uses the mean latency of the timed calls (calls back to back: batches per second is
     the reciprocal of the mean). When a batch runs out of device memory the sweep stops there and
-    ``stopped_reason`` says so; the batches measured before it are kept.
+    ``stopped_reason`` says so; the batches measured before it are kept. A compiled model may
+    compile a graph per batch size: the sweep raises Dynamo's recompile limit while it runs
+    (``recompiles_for``), and a batch that would still pass it stops the sweep the same way rather
+    than being timed eagerly.
 
     Args:
         model: The module (put in eval mode and moved to ``device`` in place).
@@ -125,24 +163,35 @@ def throughput_curve(
         ready: Called before each batch's warm-up (``measure_latency``'s; ONNX Runtime opens its session).
 
     Raises:
-        UsageError: no batch sizes, a batch size below 1, the first batch out of memory, or a bad
-            ``measure_latency`` argument.
+        UsageError: no batch sizes, a batch size below 1, the first batch out of memory or past the
+            recompile limit, or a bad ``measure_latency`` argument.
     """
     plan = plan or RoundPlan(**plan_fields)
     batches = _checked_batches(batch_sizes)
     points: list[ThroughputPoint] = []
     stopped_reason = None
     method = ""
-    for batch in batches:
-        try:
-            result = measure_latency(
-                model, example_input(batch), device=device, plan=plan, threads=threads, ready=ready
-            )
-        except torch.OutOfMemoryError:
-            stopped_reason = f"batch {batch} ran out of device memory; larger batches not measured"
-            break
-        method = result.method
-        points.append(_point(batch, result.summary, slo_ms))
+    with recompiles_for(len(batches)) as limit:
+        for batch in batches:
+            try:
+                result = measure_latency(
+                    model, example_input(batch), device=device, plan=plan, threads=threads, ready=ready
+                )
+            except torch.OutOfMemoryError:
+                stopped_reason = f"batch {batch} ran out of device memory; larger batches not measured"
+                break
+            except Exception as exc:
+                if not _recompile_limit_hit(exc):
+                    raise
+                stopped_reason = (
+                    f"batch {batch} would compile past torch.compile's recompile limit ({limit} graphs per "
+                    "function) and run eagerly; larger batches not measured"
+                )
+                if not points:
+                    raise UsageError(f"The throughput sweep measured nothing: {stopped_reason}.") from exc
+                break
+            method = result.method
+            points.append(_point(batch, result.summary, slo_ms))
     if not points:
         raise UsageError(f"Batch {batches[0]} already runs out of device memory; try a smaller batch.")
     best = max(point.throughput_per_s for point in points)
@@ -157,5 +206,6 @@ def throughput_curve(
         method=(
             f"measure_latency per batch ({method}); throughput = batch / mean latency; saturation: "
             f"smallest batch with >= {SATURATION_FRACTION:.0%} of the sweep's maximum throughput"
+            + (f"; torch.compile's recompile limit raised to {limit} for the sweep" if limit is not None else "")
         ),
     )
