@@ -28,7 +28,7 @@ from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
 
 from pareto.compress import Config, Technique, get_technique, registry
-from pareto.compress.base import Pairs, conflict
+from pareto.compress.base import Pairs, conflict, runs_on
 from pareto.frontier import Constraints, constraint_names
 from pareto.naming import Backend, SamplerName
 from pareto.spec import Range, Search, StartPoint
@@ -108,7 +108,7 @@ def suggest(
         backend = "eager"
     chosen: list[Technique] = []
     for name, space in techniques.items():
-        runs_here = backend in registry()[name].backends
+        runs_here = runs_on(name, backend, conflicts)
         # one that cannot share a configuration with a technique already on is not drawn (conditional:
         # its switch exists only when it could be on), or drawn and ignored (flat)
         fits = conflict([t.name for t in chosen] + [name], conflicts) is None
@@ -160,7 +160,7 @@ def grid(
     result = []
     for backend in backends:
         per_technique: list[list[dict[str, Any]]] = []
-        for name, space in _runs_on(techniques, backend).items():
+        for name, space in _runs_on(techniques, backend, conflicts).items():
             names = list(space)
             values = [range_points(s, points) if isinstance(s, Range) else list(s) for s in space.values()]
             options: list[dict[str, Any]] = [{name: False}]
@@ -197,7 +197,7 @@ def space_size(
     overall = 0
     for backend in backends:
         total = len(batch_sizes)
-        for space in _runs_on(techniques, backend).values():
+        for space in _runs_on(techniques, backend, conflicts).values():
             combos = 1
             for pspace in space.values():
                 if isinstance(pspace, Range):
@@ -213,13 +213,14 @@ def space_size(
 
 def _has_conflicts(techniques: Techniques, conflicts: Pairs = frozenset()) -> bool:
     names = list(techniques)
+    if any(not runs_on(name, backend, conflicts) for name in names for backend in registry()[name].backends):
+        return True  # a technique kept off one of its backends: counted on the grid
     return any(conflict([a, b], conflicts) is not None for i, a in enumerate(names) for b in names[i + 1 :])
 
 
-def _runs_on(techniques: Techniques, backend: Backend) -> Techniques:
-    """The techniques of a space that a configuration served on ``backend`` can use."""
-    known = registry()
-    return {name: space for name, space in techniques.items() if backend in known[name].backends}
+def _runs_on(techniques: Techniques, backend: Backend, conflicts: Pairs = frozenset()) -> Techniques:
+    """The techniques of a space that a configuration served on ``backend`` can use (``runs_on``)."""
+    return {name: space for name, space in techniques.items() if runs_on(name, backend, conflicts)}
 
 
 class GridSampler(BaseSampler):
@@ -300,6 +301,8 @@ def start_trial(
     if point.backend not in backends or not set(point.techniques) <= set(techniques) or batch_size not in batch_sizes:
         return None
     if conflict(list(point.techniques), conflicts) is not None:
+        return None
+    if not all(runs_on(name, point.backend, conflicts) for name in point.techniques):
         return None
     params: dict[str, Any] = {"batch_size": batch_size}
     if tuple(backends) != ("eager",):

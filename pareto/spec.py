@@ -368,7 +368,10 @@ DEFAULT_SPACE: dict[str, Any] = {
 #: model there is launch-bound, so CUDA graphs (eager, or Inductor's in reduce-overhead mode) come
 #: first; precision (bf16, fp16, fp8), int4 and int8 weights, 2:4 sparsity (cuSPARSELt on Hopper) and
 #: structured pruning at tensor-core widths pay once the model computes. Techniques that cannot share
-#: a configuration (two weight quantizations, two casts) are never drawn together.
+#: a configuration (two weight quantizations, two casts) are never drawn together; fp8 and int4 with
+#: compile are probed together on the GPU first (a small MLP through both, cached), and never drawn
+#: together where the probe fails (Dynamo cannot trace torchao's weights on some releases). int4 is not
+#: offered where torchao's tile-packed layout would pad the model's Linear weights more than 2x.
 DEFAULT_CUDA_SPACE: dict[str, Any] = {
     "batch_size": None,
     "techniques": {

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import types
 import typing
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import annotated_types
@@ -106,8 +107,20 @@ def canonical_key(technique: Technique | type[Technique]) -> tuple[int, int, str
     return (CANONICAL_ORDER.index(technique.family), technique.order_in_family, technique.name)
 
 
-#: Pairs of technique names that cannot share a configuration on this install (``install_conflicts``).
+#: Pairs of technique names that cannot share a configuration on this install (``install_conflicts``); a
+#: pair may also hold a backend's marker (``on_backend``): that technique is never served on that backend.
 Pairs = frozenset[frozenset[str]]
+
+
+def on_backend(backend: str) -> str:
+    """The marker that stands for serving on ``backend`` in a pair of ``Pairs``: ``"backend:compile"``."""
+    return f"backend:{backend}"
+
+
+def runs_on(name: str, backend: str, extra: Pairs = frozenset()) -> bool:
+    """Whether a configuration served on ``backend`` can use technique ``name``: the technique runs on
+    that backend, and this install does not pair it with the backend's marker (``install_conflicts``)."""
+    return backend in registry()[name].backends and frozenset((name, on_backend(backend))) not in extra
 
 
 def conflict(names: list[str], extra: Pairs = frozenset()) -> tuple[str, str] | None:
@@ -121,9 +134,15 @@ def conflict(names: list[str], extra: Pairs = frozenset()) -> tuple[str, str] | 
     return None
 
 
-def install_conflicts(space: dict[str, dict[str, Any]], device: str) -> list[tuple[str, str, str]]:
+def install_conflicts(
+    space: dict[str, dict[str, Any]], device: str, backends: Sequence[str] = ("eager",)
+) -> list[tuple[str, str, str]]:
     """The pairs of a search space's techniques that cannot run together on this install, though each can
-    alone (``Technique.pair_reason``): ``(a, b, why)``, never drawn together and skipped by the grid."""
+    alone (``Technique.pair_reason``): ``(a, b, why)``, never drawn together and skipped by the grid.
+
+    With the compile backend among ``backends``, a technique whose pair with ``compile`` fails is also
+    paired with that backend's marker (``(name, on_backend("compile"), why)``): the backend serves a
+    configuration through ``torch.compile``'s default mode, which is what the pair is judged by."""
     techniques = registry()
     names = list(space)
     found = []
@@ -134,6 +153,12 @@ def install_conflicts(space: dict[str, dict[str, Any]], device: str) -> list[tup
             why = techniques[a].pair_reason(b, device, space[a]) or techniques[b].pair_reason(a, device, space[b])
             if why is not None:
                 found.append((a, b, why))
+    if "compile" in backends:
+        for name in names:
+            if "compile" in techniques[name].backends:
+                why = techniques[name].pair_reason("compile", device, space[name])
+                if why is not None:
+                    found.append((name, on_backend("compile"), why))
     return found
 
 
@@ -185,8 +210,10 @@ def describe_techniques(device: str, task: Task | None = None) -> list[dict[str,
     judged with, ``on_this_cpu`` (on the CPU) what this CPU's instructions do for it
     (``pareto.compress.cpu``; None where they do not decide). Entries come in canonical
     family order, then by name. Availability is judged on the technique built from its defaults
-    and ``example`` values; on a CUDA device it also needs a probe through the technique's kernels
-    to have run there (``pareto.compress.kernels``).
+    and ``example`` values, with ``task`` seen on ``device`` as a bench sees it
+    (``pareto.devices.on_device``): a trial run (``prune_structured``'s) runs there, under that
+    device's rules (widths kept at multiples of 8 on CUDA). On a CUDA device it also needs a probe
+    through the technique's kernels to have run there (``pareto.compress.kernels``).
 
     Example::
 
@@ -195,12 +222,14 @@ def describe_techniques(device: str, task: Task | None = None) -> list[dict[str,
     """
     from pareto.compress.cpu import cpu_facts
     from pareto.compress.kernels import kernel_reason
+    from pareto.devices import on_device
 
+    view = on_device(task, device) if task is not None else None
     techniques = sorted(registry().values(), key=canonical_key)
     listing = []
     for cls in techniques:
         technique = cls(**cls.example)
-        reason = technique.available(device, task) or kernel_reason(technique, device)
+        reason = technique.available(device, view) or kernel_reason(technique, device)
         listing.append(
             {
                 "name": cls.name,

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import torch
 from torch import nn
 
-from pareto.compress.base import Backend, Family, Technique, cuda_capability, register
+from pareto.compress import kernels as kernel_probes
+from pareto.compress.base import Backend, Family, Technique, cuda_capability, get_technique, register
 from pareto.compress.prune import semi_structured_linears, to_dense_weights, to_semi_structured_weights
 from pareto.compress.tracing import quiet
 from pareto.errors import TechniqueError
@@ -316,7 +317,10 @@ class Int4WeightOnly(Technique):
 
     CUDA only (compute capability 8.0 or newer) and torchao only. The model is cast to bfloat16
     first (as ``bf16`` does) unless it already is; layers whose input width is not a multiple of
-    ``group_size`` are left alone.
+    ``group_size`` are left alone. Without MSLK, torchao's tile-packed layout pads every input width
+    to a multiple of 1024 (``INT4_TILE_INNER``; a 128-wide layer 8x): int4 is not available for a task
+    whose weights that would more than double (``INT4_MAX_PADDING``). With ``compile`` the pair is
+    probed on the GPU before it is drawn (``compile_pair_reason``).
 
     Args:
         group_size: Input features sharing one scale and zero point.
@@ -338,7 +342,15 @@ class Int4WeightOnly(Technique):
         return f"torchao ({kernels})" if self.available(device) is None else None
 
     def available(self, device: str, task: Task | None = None) -> str | None:
-        return _gpu_kernels_reason("int4 weight-only kernels", (8, 0), ("Int4WeightOnlyConfig",), device, task)
+        reason = _gpu_kernels_reason("int4 weight-only kernels", (8, 0), ("Int4WeightOnlyConfig",), device, task)
+        if reason is None and task is not None and int4_packing() == "tile_packed_to_4d":
+            return _int4_padding_reason(task.model, self.group_size)
+        return reason
+
+    @classmethod
+    def pair_reason(cls, other: str, device: str, space: dict[str, Any]) -> str | None:
+        """With ``compile``: why a probe through both fails on ``device`` (``compile_pair_reason``)."""
+        return compile_pair_reason(cls, other, device, space)
 
     def apply(self, model: nn.Module, task: Task) -> nn.Module:
         """Return ``model`` in bfloat16 with eligible ``nn.Linear`` weights as torchao int4 tensors.
@@ -393,6 +405,58 @@ def _gpu_kernels_reason(
     return None
 
 
+def compile_pair_reason(cls: type[Technique], other: str, device: str, space: dict[str, Any]) -> str | None:
+    """Why ``cls`` (torchao's float8 or int4 weights), built from the first choice of each of its parameters
+    in ``space``, cannot run under ``torch.compile`` on ``device``, or None: the pair is probed on the GPU
+    first (``pareto.compress.kernels.pair_reason``, cached), since Dynamo cannot trace these weights on
+    some torch and torchao releases (torch 2.11 with torchao 0.17: "Polyfill handler ... does not have a
+    traceable function"), and such a trial fails only after paying the compile. The probe compiles in the
+    default mode, which is also how the compile backend serves a configuration. None for another
+    ``other``, and where ``cls`` cannot run alone (off CUDA, too old a GPU): nothing to pair there."""
+    if other != "compile":
+        return None
+    technique = cls(**{name: _first_choice(choices) for name, choices in space.items()})
+    if technique.available(device) is not None:
+        return None
+    reason = kernel_probes.pair_reason(technique, get_technique("compile"), device)
+    return reason.rstrip(".") if reason is not None else None
+
+
+def _first_choice(choices: Any) -> Any:
+    """A search space's first value for one parameter: a list's first, a range's low end, a fixed value."""
+    if isinstance(choices, list):
+        return choices[0]
+    if isinstance(choices, dict) and "low" in choices:
+        return choices["low"]
+    return getattr(choices, "low", choices)
+
+
+#: torchao's tinygemm int4 layout (``tile_packed_to_4d``) pads each weight's input width, and each
+#: activation's, to a multiple of this: ``Int4TilePackedTo4dTensor.from_hp`` and its linear, in
+#: torchao/quantization/quantize_/workflows/int4/int4_tile_packed_to_4d_tensor.py
+#: (``find_multiple(in_features, 1024)``). MSLK's ``plain`` layout does not pad.
+INT4_TILE_INNER = 1024
+#: int4 is not offered where the padded weights hold more than this many times the real ones.
+INT4_MAX_PADDING = 2.0
+
+
+def _int4_padding_reason(model: nn.Module, group_size: int) -> str | None:
+    """Why int4 in the tile-packed layout does not pay on ``model``: the Linear weights it would quantize,
+    their input widths padded to ``INT4_TILE_INNER``, are more than ``INT4_MAX_PADDING`` times the real
+    ones (the padding's zeros are stored and multiplied as the weights are); None otherwise."""
+    linears = [m for m in _float_linears(model) if m.in_features % group_size == 0]
+    real = sum(m.out_features * m.in_features for m in linears)
+    padded = sum(m.out_features * -(-m.in_features // INT4_TILE_INNER) * INT4_TILE_INNER for m in linears)
+    if not real or padded <= INT4_MAX_PADDING * real:
+        return None
+    widths = ", ".join(str(w) for w in sorted({m.in_features for m in linears}))
+    return (
+        f"torchao's tile-packed int4 layout (without MSLK) pads each Linear's input width to a multiple of "
+        f"{INT4_TILE_INNER}: this model's ({widths}) would be padded {padded / real:.1f}x, so most of what int4 "
+        "stores and multiplies would be padding."
+    )
+
+
 #: float8 matmuls (torch._scaled_mm) take widths that are multiples of 16.
 FP8_MULTIPLE = 16
 
@@ -405,7 +469,8 @@ class Fp8(Technique):
     the model runs in bfloat16 (it is cast first, as ``bf16`` does, unless it already is). Linears whose
     widths are not multiples of 16 stay in bfloat16. CUDA only, compute capability 8.9 or newer
     (Ada, Hopper), torchao only. Halves the bytes of bf16 weights and doubles the tensor cores' peak:
-    it pays where the matmuls are large enough to compute, not on a launch-bound model.
+    it pays where the matmuls are large enough to compute, not on a launch-bound model. With
+    ``compile`` the pair is probed on the GPU before it is drawn (``compile_pair_reason``).
     """
 
     name: ClassVar[str] = "fp8"
@@ -426,6 +491,11 @@ class Fp8(Technique):
     def available(self, device: str, task: Task | None = None) -> str | None:
         configs = ("Float8DynamicActivationFloat8WeightConfig", "PerRow")
         return _gpu_kernels_reason("float8 matmuls", (8, 9), configs, device, task)
+
+    @classmethod
+    def pair_reason(cls, other: str, device: str, space: dict[str, Any]) -> str | None:
+        """With ``compile``: why a probe through both fails on ``device`` (``compile_pair_reason``)."""
+        return compile_pair_reason(cls, other, device, space)
 
     def apply(self, model: nn.Module, task: Task) -> nn.Module:
         """Return ``model`` in bfloat16 with eligible ``nn.Linear`` weights as torchao float8 tensors.
