@@ -335,6 +335,7 @@ class BenchReferences:
 
     def load(self, reference: Reference) -> Timed | None:
         """The stored reference, ready to time; None when its program is no longer in the database."""
+        from pareto.locks import gpu_work
         from pareto.measure.latency import Timed
         from pareto.measure.reference import reference_input, reference_model, thaw
         from pareto.store import trials
@@ -348,11 +349,23 @@ class BenchReferences:
         if blob is None:
             self.notice(f"The study's reference program {reference.digest[:12]} is gone: freezing a new one.")
             return None
-        return Timed(thaw(blob, reference.kind), self.bench.task.example_input(reference.batch), label="reference")
+        # onto the night's device: the program names the device it was frozen on, perhaps another GPU index
+        with gpu_work(device, what="the nightly's reference, loaded"):
+            module = thaw(blob, reference.kind, device=device)
+        return Timed(module, self.bench.task.example_input(reference.batch), label="reference")
 
     def new(self, target: Any) -> tuple[Reference, Timed]:
         """Freeze ``target`` as served (else the baseline model) at the batch whose call takes as long as
-        its P50, store it, and time it from the stored program; a fixed MLP when neither freezes."""
+        its P50, store it, and time it from the stored program; a fixed MLP when neither freezes.
+
+        Built and frozen holding the GPU's work lock shared (``pareto.locks.gpu_work``); sized holding it
+        exclusively (``size_batch``)."""
+        from pareto.locks import gpu_work
+
+        with gpu_work(self.bench.device, what="the nightly's reference, frozen"):
+            return self._new(target)
+
+    def _new(self, target: Any) -> tuple[Reference, Timed]:
         from pareto.compress import Config
         from pareto.errors import message_line
         from pareto.measure.reference import size_reference

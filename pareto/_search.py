@@ -63,6 +63,7 @@ from pareto.frontier import (
     select_best,
 )
 from pareto.limits import Limits
+from pareto.locks import gpu_work
 from pareto.samplers import FLAT, failed_values, failure_gaps, make_sampler, space_size, start_trial, suggest
 from pareto.samplers import grid as grid_of
 from pareto.search_result import SearchResult, TrialOutcome
@@ -171,7 +172,9 @@ def prepare(spec: SearchSpec, db_url: str, reporter: Reporter) -> SearchSetup:
         reason = backend_reason(backend, bench.device)
         if reason is not None:
             raise UsageError(f"Backend {backend} cannot serve here: {reason.rstrip('.')}.")
-    techniques, skipped = available_techniques(spec, bench.device, bench.task, backends)
+    probes = f"study {spec.study_name!r}: the techniques' probes"
+    with gpu_work(bench.device, what=probes):  # kernel probes run on the device
+        techniques, skipped = available_techniques(spec, bench.device, bench.task, backends)
     for name, reason in skipped:
         reporter.notice(f"Skipping technique {name}: {reason}")
     with session_scope(bench.engine) as session:
@@ -190,9 +193,11 @@ def prepare(spec: SearchSpec, db_url: str, reporter: Reporter) -> SearchSetup:
         notice=reporter.notice,
         task_ref=spec.task,
     )
-    conflicts = install_conflicts(techniques, bench.device)
+    with gpu_work(bench.device, what=probes):
+        conflicts = install_conflicts(techniques, bench.device, backends)
     for a, b, why in conflicts:
-        reporter.notice(f"Never drawing {a} with {b} here: {why}.")
+        with_what = f"on the {b.removeprefix('backend:')} backend" if b.startswith("backend:") else f"with {b}"
+        reporter.notice(f"Never drawing {a} {with_what} here: {why}.")
     if previous is not None and previous != spec.search.sampler:
         reporter.notice(
             f"Study {spec.study_name!r} was searched with the {previous} sampler; this run continues it with "
@@ -253,7 +258,8 @@ def preflight_baseline(setup: SearchSetup, study: optuna.Study) -> None:
         BaselineFailed: the uncompressed model cannot be measured here.
     """
     try:
-        preflight(setup.bench.task, setup.batch_sizes, setup.bench.device)
+        with gpu_work(setup.bench.device, what=f"study {setup.spec.study_name!r}: the baseline's preflight"):
+            preflight(setup.bench.task, setup.batch_sizes, setup.bench.device)
     except BaselineFailed as exc:
         batch_size = setup.batch_sizes[0]
         params = {"batch_size": batch_size, **{name: False for name in setup.techniques}}
@@ -294,7 +300,8 @@ def _time_baselines(setup: SearchSetup, run: RunHandle, study: optuna.Study, rep
     existing = enqueue_baselines(setup, study)
     started = enqueue_start(setup, study)
     for batch_size, trial_id in existing.items():
-        retime_baseline(setup.bench, run, trial_id, batch_size, reporter.notice)
+        with gpu_work(setup.bench.device, what=f"study {setup.spec.study_name!r}: the baseline @ batch {batch_size}"):
+            retime_baseline(setup.bench, run, trial_id, batch_size, reporter.notice)
     queued, n_trials = len(setup.batch_sizes) - len(existing), setup.spec.search.n_trials
     if queued >= n_trials:
         reporter.notice(
@@ -563,7 +570,10 @@ class _Objective:
         row_id, twin = self._start(trial, config)
         while twin is None:
             try:
-                result = self._assess(config)
+                # the GPU's work lock, shared, across the build, capture and evaluation (its own timing
+                # takes it exclusively meanwhile): no other worker's timing runs beside them
+                with gpu_work(self.bench.device, what=f"trial {trial.number}: {config.describe()}"):
+                    result = self._assess(config)
                 self._store(row_id, result)  # inside: a store that fails leaves no RUNNING row behind
             except NoEffect as exc:
                 # a technique that changed nothing after the ones before it: the configuration is its

@@ -4,9 +4,12 @@ The study is created once, here, before any worker starts. Each worker is a ``pa
 process with its share of ``--n-trials``, on Optuna's RDB storage with heartbeats (a worker that
 dies has its trial failed and retried by the others). Building and compressing models and
 evaluating accuracy run in parallel; latency timing takes the device's timing lock
-(``pareto.locks.device_lock``), so it runs one worker at a time per device, or, with ``--device
-cuda`` and several GPUs, one worker per GPU. When every worker has ended, this process confirms the
-best configurations with the baseline and reports the study, as a single search does.
+(``pareto.locks.timing_lock``), so it runs one worker at a time per device, or, with ``--device
+cuda`` and several GPUs, one worker per GPU. Workers that share a GPU also hold its work lock
+shared across each trial's build, capture and evaluation (``pareto.locks.gpu_work``), which a timing
+takes exclusively: while one worker times, the others' GPU work waits, and a timing starts once the
+GPU work under way has ended. When every worker has ended, this process confirms the best
+configurations with the baseline and reports the study, as a single search does.
 """
 
 from __future__ import annotations
@@ -78,9 +81,11 @@ def run_workers(spec: SearchSpec, *, db_url: str, workers: int, reporter: Report
     enqueue_baselines(setup, study)
     enqueue_start(setup, study)
     devices = worker_devices(spec.measure.device, workers)
+    shared_gpu = any(d.startswith("cuda") for d, _ in devices) and len(set(devices)) < len(devices)
     reporter.notice(
         f"{workers} workers on study {spec.study_name!r}: compression and accuracy in parallel, "
-        "latency timed one worker at a time per device."
+        "latency timed one worker at a time per device"
+        + ("; while one times on the GPU, the others' GPU work waits." if shared_gpu else ".")
     )
     with tempfile.TemporaryDirectory(prefix="pareto-workers-") as folder:
         procs = []

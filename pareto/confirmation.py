@@ -38,6 +38,7 @@ from pareto.frontier import (
     p99_verdict,
     select_best,
 )
+from pareto.locks import gpu_work
 from pareto.metrics import FIELD_NAMES, Metrics
 from pareto.slo import P99_BOUND_METRIC
 from pareto.store import queries
@@ -190,14 +191,16 @@ def confirm(
             raise UsageError(f"{what} cannot be measured here: {why}.")
     run = start_run(bench, kind="confirm", study_id=study_id)
     result.run, result.runs = run.run_id, [run.run_id]
-    timed, beside = time_beside(
-        bench,
-        [config for _, _, _, config in entries],
-        [reference] if reference is not None else [],
-        plan=round_plan(bench.measure, constraints.p99_ms, adaptive=False if reference is not None else None),
-        probe=run.probe,
-        seed=seed,
-    )
+    # the builds hold the GPU's work lock shared (the timing takes it exclusively): no other worker times meanwhile
+    with gpu_work(bench.device, what=f"confirmation of study {name!r}"):
+        timed, beside = time_beside(
+            bench,
+            [config for _, _, _, config in entries],
+            [reference] if reference is not None else [],
+            plan=round_plan(bench.measure, constraints.p99_ms, adaptive=False if reference is not None else None),
+            probe=run.probe,
+            seed=seed,
+        )
     latencies = [latency for _, latency in timed]
     if beside:
         result.reference = _reference_view(beside[0])

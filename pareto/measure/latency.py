@@ -24,9 +24,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from pareto.devices import device_identity
 from pareto.errors import UsageError
-from pareto.locks import device_lock
+from pareto.locks import timing_lock
 from pareto.measure.probe import ContentionProbe
 from pareto.measure.stats import LatencySummary, percentile_bounds, summarize
 from pareto.slo import (
@@ -45,6 +44,11 @@ BLOCK_WARMUP = 3
 CUDA_TIMER_METHOD = (
     "cuda event pair per call, synchronized after each (the host's kernel launches included: serving latency; "
     "inputs made on the device before timing and outputs left there: no host-device copy timed)"
+)
+#: What the GPU's lock held off while a model was timed on it (``pareto.locks.timing_lock``).
+GPU_LOCK_METHOD = (
+    "the GPU's timing and work locks held: no other pareto timing on the host ran on it meanwhile, nor a "
+    "search's, measure's, confirmation's or nightly's build, capture or evaluation (other programs are not held off)"
 )
 #: Adaptive sampling times at most this many times the planned rounds.
 ADAPTIVE_ROUNDS_FACTOR = 10
@@ -202,8 +206,10 @@ def measure_interleaved(
     and the stored bounds use the Bonferroni-corrected confidence ``1 - (1 - confidence) / looks``;
     the first look has enough samples for that confidence to bound the P99 at all.
 
-    Timing waits for the device's timing lock (``pareto.locks.device_lock``): no two pareto
-    processes on this host time on one device at once.
+    Timing waits for the device's timing lock (``pareto.locks.timing_lock``): no two pareto
+    processes on this host time on one device at once; on a GPU it also waits until other pareto
+    processes' GPU work (``pareto.locks.gpu_work``: builds, captures, evaluations) has ended, and
+    holds new work off until it is done.
 
     Raises:
         UsageError: a bad plan or thread count, or a model or input that is not on ``device``.
@@ -213,7 +219,7 @@ def measure_interleaved(
         raise UsageError(f"Thread count must be at least 1, got {threads}.")
     for item in items:
         _check_placement(item, device)
-    with device_lock(device_identity(device)):
+    with timing_lock(device):
         return _measure_held(items, device, plan, threads, probe, seed)
 
 
@@ -394,7 +400,7 @@ def _result(
     summary = summarize(state.kept, confidence) if state.kept else _empty_summary(confidence)
     # the bounds are at the per-look level; what the verdict holds at overall is the plan's confidence
     summary = dataclasses.replace(summary, confidence=plan.confidence)
-    timer = CUDA_TIMER_METHOD if device.startswith("cuda") else "perf_counter_ns per call"
+    timer = f"{CUDA_TIMER_METHOD}; {GPU_LOCK_METHOD}" if device.startswith("cuda") else "perf_counter_ns per call"
     taken = f"{summary.rounds} rounds x {plan.calls_per_round} calls ({summary.samples} samples)"
     if plan.slo_ms is not None:
         taken += (

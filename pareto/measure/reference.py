@@ -17,13 +17,22 @@ to the model, the task or pareto could make slower. When the pick can be neither
 traced (ONNX Runtime) the baseline model is frozen instead, and when it cannot either, a fixed-seed
 multilayer perceptron is the reference. Its batch is chosen once, so that a call takes about as long
 as one call of the pick.
+
+A stored program names the device it was frozen on (its weights, and device arguments in its graph);
+``thaw`` loads it onto the device the night runs on instead, so a nightly on another GPU index, or
+under another ``CUDA_VISIBLE_DEVICES``, times it there. A program with torchao's tensor subclasses in
+it is loaded with torchao imported first (its subclasses and operators are registered on import).
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import io
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,7 +105,6 @@ def freeze(module: nn.Module, example: Any) -> tuple[bytes, str]:
         reason is chained).
     """
     import hashlib
-    import io
     import warnings
 
     from pareto.devices import as_args
@@ -120,17 +128,127 @@ def freeze(module: nn.Module, example: Any) -> tuple[bytes, str]:
     return blob, prefix + hashlib.sha256(blob).hexdigest()
 
 
-def thaw(blob: bytes, kind: str = FROZEN) -> nn.Module:
-    """A stored program of ``kind`` as a module, on the device it was frozen on (an exported program is
-    always in inference form; the wrapper takes ``eval()``, which the program itself refuses)."""
-    import io
+def thaw(blob: bytes, kind: str = FROZEN, *, device: str | None = None) -> nn.Module:
+    """A stored program of ``kind`` as a module on ``device`` (None: on the device it was frozen on).
+
+    An exported program is always in inference form; the wrapper takes ``eval()``, which the program
+    itself refuses. With ``device``, its weights, constants and the device arguments in its graph are
+    placed there (``torch.export.passes.move_to_device_pass``; a torch without it moves the weights
+    only); a TorchScript trace is loaded with ``map_location=device``, which places its weights.
+    """
     import warnings
 
     if kind.startswith(TRACED):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return _Frozen(torch.jit.load(io.BytesIO(blob)))
-    return _Frozen(torch.export.load(io.BytesIO(blob)).module())
+            return _Frozen(torch.jit.load(io.BytesIO(blob), map_location=device))
+    if _refers_to_torchao(blob) and importlib.util.find_spec("torchao") is not None:
+        importlib.import_module("torchao")  # registers its tensor subclasses and operators before the load
+    if device is None:
+        return _Frozen(torch.export.load(io.BytesIO(blob)).module())
+    with _loading_onto(torch.device(device)):
+        program = torch.export.load(io.BytesIO(blob))
+    return _Frozen(_placed(program, torch.device(device)))
+
+
+def _refers_to_torchao(blob: bytes) -> bool:
+    """Whether a ``torch.export`` archive names torchao (a pickled tensor subclass, an operator): its
+    records are stored uncompressed, and compressed ones are read too."""
+    import zipfile
+
+    if b"torchao" in blob:
+        return True
+    try:
+        with zipfile.ZipFile(io.BytesIO(blob)) as archive:
+            packed = [i for i in archive.infolist() if i.compress_type != zipfile.ZIP_STORED]
+            return any(b"torchao" in archive.read(info) for info in packed)
+    except (zipfile.BadZipFile, OSError):
+        return False
+
+
+class _Onto(torch.overrides.TorchFunctionMode):
+    """While a program loads: every tensor made or moved onto a device other than the CPU goes to
+    ``target`` instead (``torch.export.load`` places each weight on the device it was saved from)."""
+
+    def __init__(self, target: torch.device) -> None:
+        super().__init__()
+        self.target = target
+
+    def _map(self, value: Any) -> Any:
+        return self.target if isinstance(value, torch.device) and value.type != "cpu" else value
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = dict(kwargs or {})
+        if isinstance(kwargs.get("device"), str):
+            kwargs["device"] = torch.device(kwargs["device"])
+        if "device" in kwargs:
+            kwargs["device"] = self._map(kwargs["device"])
+        return func(*(self._map(a) for a in args), **kwargs)
+
+
+class _AwayFromCpu(dict):
+    """``torch.load``'s ``map_location``: every location but the CPU read as ``target`` (a mapping, the one
+    form that tensor subclasses rebuilt from a pickle honour besides a single device)."""
+
+    def __init__(self, target: torch.device) -> None:
+        super().__init__()
+        self.target = str(target)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return key if str(key).startswith("cpu") else self.target
+
+
+@contextmanager
+def _loading_onto(target: torch.device) -> Iterator[None]:
+    """``torch.export.load`` with what it places on another device than the CPU placed on ``target``:
+    its plain weights through ``_Onto``; what it unpickles (tensor subclasses, sample inputs) through
+    ``torch.load``'s ``map_location``, which the loader does not pass: ``torch.load`` is replaced in
+    this process for the load's duration (the nightly loads its reference in one thread)."""
+    load = torch.load
+
+    def load_onto(*args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("map_location", _AwayFromCpu(target))
+        return load(*args, **kwargs)
+
+    torch.load = load_onto
+    try:
+        with _Onto(target):
+            yield
+    finally:
+        torch.load = load
+
+
+def _placed(program: Any, target: torch.device) -> nn.Module:
+    """``program`` as a module on ``target``: every device it names other than the CPU (a program all
+    on the CPU: the CPU) moved there, its graph's device arguments included."""
+    found = _devices_in(program)
+    away = {d for d in found if d.type != "cpu"} or ({torch.device("cpu")} if found else set())
+    moves = {str(d): str(target) for d in away if d != target}
+    if not moves:
+        return program.module()
+    try:
+        from torch.export.passes import move_to_device_pass
+    except ImportError:  # an older torch: the weights move, device arguments in the graph stay
+        return program.module().to(target)
+    return move_to_device_pass(program, moves).module()
+
+
+def _devices_in(program: Any) -> set[torch.device]:
+    """The devices a loaded program names: its weights' and constants', its graph's values' and the
+    device arguments of its graph's calls."""
+    tensors = [*program.state_dict.values(), *program.constants.values()]
+    found = {t.device for t in tensors if isinstance(t, torch.Tensor)}
+    for node in program.graph.nodes:
+        values = node.meta.get("val")
+        for value in values if isinstance(values, (tuple, list)) else [values]:
+            if isinstance(value, torch.Tensor):
+                found.add(value.device)
+        named = node.kwargs.get("device")
+        if named is not None:
+            found.add(torch.device(named))
+        if node.target is torch.ops.aten.to.device and len(node.args) > 1:
+            found.add(torch.device(node.args[1]))
+    return found
 
 
 class _Frozen(nn.Module):
@@ -181,13 +299,19 @@ def size_batch(
     max_batch: int = MAX_BATCH,
 ) -> int:
     """The batch whose call of ``model`` takes closest to ``target_ms`` (the median of a few calls, in log
-    terms): batches double from 1 until a call takes longer than the target or ``max_batch`` is reached."""
+    terms): batches double from 1 until a call takes longer than the target or ``max_batch`` is reached.
+
+    On a GPU the calls are timed holding its timing and work locks (``pareto.locks.timing_lock``): no
+    other pareto process's timing or GPU work runs beside them."""
     import math
+    from contextlib import nullcontext
 
     from pareto.devices import torch_threads
+    from pareto.locks import timing_lock
 
     best, best_gap, batch = 1, math.inf, 1
-    with torch_threads(threads):
+    held = timing_lock(device, what="sizing the nightly's reference") if device.startswith("cuda") else nullcontext()
+    with held, torch_threads(threads):
         while batch <= max_batch:
             ms = _median_ms(model, make_input(batch), device)
             gap = abs(math.log(ms / target_ms))
