@@ -32,18 +32,37 @@ def measure_settings(**values: Any) -> Any:
 def measure_beside_baseline(
     task: Any, config: Any, settings: Any, p99_ms: float | None, db: str | None
 ) -> dict[str, Any]:
-    from pareto._runs import open_bench, time_together
-    from pareto.assess import complete, preflight, round_plan
+    """``config`` and the uncompressed model timed together, then measured on the other axes.
+
+    Raises:
+        UsageError: ``config`` cannot run on the device; BaselineFailed: the uncompressed model cannot.
+        OutOfMemory: building, warming, timing or evaluating ran out of device memory: one sentence
+            naming the configuration, the device and the batch, with the device's memory freed.
+    """
+    from pareto._runs import open_bench
+    from pareto.assess import device_memory, preflight
     from pareto.compress import Config, why_not_here
-    from pareto.measure.environment import environment_key
-    from pareto.measure.memory import theoretical_bytes
+    from pareto.locks import gpu_work
 
     bench = open_bench(resolve_url(db), task, settings, read_only=True)
     reason = why_not_here(config, bench.task, bench.device)
     if reason is not None:
         raise UsageError(f"{config.describe()} cannot run here: {reason}.")
-    preflight(bench.task, [config.batch_size], bench.device)
     base_config = Config(batch_size=config.batch_size)
+    with gpu_work(bench.device, what="pareto measure"):
+        preflight(bench.task, [config.batch_size], bench.device)
+        with device_memory([config, base_config], bench.device):
+            return _measured(bench, config, base_config, settings, p99_ms)
+
+
+def _measured(bench: Any, config: Any, base_config: Any, settings: Any, p99_ms: float | None) -> dict[str, Any]:
+    """``measure_beside_baseline``'s work, in a frame of its own: once an error has left it, its
+    models can be let go of."""
+    from pareto._runs import time_together
+    from pareto.assess import complete, device_memory, round_plan
+    from pareto.measure.environment import environment_key
+    from pareto.measure.memory import theoretical_bytes
+
     timed = time_together(bench, [config, base_config], plan=round_plan(settings, p99_ms), probe=bench.probe())
     common = dict(
         device=bench.device,
@@ -54,8 +73,12 @@ def measure_beside_baseline(
         baseline_theoretical_bytes=theoretical_bytes(bench.task.model),
     )
     (built, latency), (base, base_latency) = timed
-    result = complete(bench.task, config, built.served, latency, **common)
-    baseline = result if config.is_baseline else complete(bench.task, base_config, base.served, base_latency, **common)
+    with device_memory(config, bench.device):
+        result = complete(bench.task, config, built.served, latency, **common)
+    with device_memory(base_config, bench.device):
+        baseline = (
+            result if config.is_baseline else complete(bench.task, base_config, base.served, base_latency, **common)
+        )
     metrics = _with_speedups(result.metrics.to_dict(), baseline.metrics.to_dict(), p99_ms)
     metrics["compile_s"] = built.compile_s
     env = bench.fingerprint

@@ -68,13 +68,15 @@ class Bench:
 
     def probe(self) -> ContentionProbe | None:
         """A contention probe for a run on this bench (None when the guard is off)."""
+        from pareto.locks import timing_lock
         from pareto.measure.probe import ContentionProbe
 
         if self.measure.contention_limit is None:
             return None
-        return ContentionProbe(
-            self.device, threads=self.threads, stored_quiet_ms=self.quiet_ms, limit=self.measure.contention_limit
-        )
+        with timing_lock(self.device, what="the contention probe's reference"):
+            return ContentionProbe(
+                self.device, threads=self.threads, stored_quiet_ms=self.quiet_ms, limit=self.measure.contention_limit
+            )
 
 
 @dataclass
@@ -151,7 +153,8 @@ def start_run(bench: Bench, *, kind: str, study_id: int | None) -> RunHandle:
 
     with session_scope(bench.engine) as session:
         bench.quiet_ms = queries.probe_quiet_ms(session, environment_key(bench.fingerprint))
-        probe = bench.probe()
+    probe = bench.probe()  # outside a transaction: it may wait for the device's timing lock
+    with session_scope(bench.engine) as session:
         run = Run(
             study_id=study_id,
             kind=kind,
@@ -211,6 +214,7 @@ def time_together(
 
     Raises:
         TechniqueError: a configuration broke the model.
+        OutOfMemory: building, warming or timing ran out of device memory (``time_beside``).
     """
     return time_beside(bench, configs, (), plan=plan, probe=probe, seed=seed)[0]
 
@@ -225,13 +229,39 @@ def time_beside(
     seed: int | None = None,
 ) -> tuple[list[tuple[Built, LatencyResult]], list[LatencyResult]]:
     """``time_together``, with ``beside`` (already built, on the bench's device) timed in the same
-    rounds: the nightly's frozen reference workload. Returns the configurations' results and theirs."""
+    rounds: the nightly's frozen reference workload. Returns the configurations' results and theirs.
+
+    Raises:
+        OutOfMemory: (``pareto.assess.device_memory``) a configuration ran out of device memory while
+            it was built (the sentence names it) or while they were warmed and timed (it names those
+            timed together), with the device and the batch; the models built here are let go of and
+            the device's cached memory is freed before it is raised.
+    """
+    from pareto.assess import device_memory
+    from pareto.locks import gpu_work
+
+    with gpu_work(bench.device, what="configurations timed together"), device_memory(configs, bench.device):
+        return _build_and_time(bench, configs, beside, plan=plan, probe=probe, seed=seed)
+
+
+def _build_and_time(
+    bench: Bench,
+    configs: list[Config],
+    beside: Sequence[Timed],
+    *,
+    plan: RoundPlan,
+    probe: ContentionProbe | None,
+    seed: int | None,
+) -> tuple[list[tuple[Built, LatencyResult]], list[LatencyResult]]:
+    """``time_beside``'s work, in a frame of its own: once an error has left it, its models can be let go of."""
+    from pareto.assess import device_memory
     from pareto.measure.latency import Timed, measure_interleaved
 
     built: dict[str, Built] = {}
     for config in configs:
         if config.key() not in built:
-            built[config.key()] = build(bench, config)
+            with device_memory(config, bench.device):
+                built[config.key()] = build(bench, config)
     unique = list(built.values())
     items = [
         Timed(b.model, bench.task.example_input(b.config.batch_size), label=b.config.key(), ready=b.served.ready)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -123,13 +123,21 @@ def build_served(task: Task, config: Config, device: str, threads: int | None = 
     return served, time.perf_counter() - t0 - (served.compile_s or 0.0)
 
 
+class OutOfMemory(Transient):
+    """A configuration ran out of device memory: ``device_memory``'s one sentence. An outer
+    ``device_memory`` frees the memory again and passes it on unchanged."""
+
+
 @contextmanager
-def device_memory(config: Config, device: str) -> Iterator[None]:
+def device_memory(what: Config | Sequence[Config], device: str) -> Iterator[None]:
     """Turn running out of device memory, however deep it was raised and wrapped, into one sentence
-    for the trial, and give the cached blocks back so the next trial starts with the device's memory.
+    naming the configuration (or the configurations timed together), the device and the batch, and
+    give the memory back so the next build starts with the device's memory: the finished frames the
+    error passed through are cleared (their tensors would live on in its traceback), the collector
+    runs, and CUDA's cached blocks are released.
 
     Raises:
-        Transient: the configuration ran out of memory on ``device`` (other work may have held it).
+        OutOfMemory: ``what`` ran out of memory on ``device`` (other work may have held it).
     """
     try:
         yield
@@ -137,17 +145,56 @@ def device_memory(config: Config, device: str) -> Iterator[None]:
         oom = _out_of_memory(exc)
         if oom is None:
             raise
-        import gc
-
-        import torch
-
-        gc.collect()
-        if device.startswith("cuda"):
-            torch.cuda.empty_cache()
-        raise Transient(
-            f"{config.describe()} ran out of memory on {device} at batch {config.batch_size} "
-            f"({exception_line(oom)}); its memory was freed for the next trial"
+        _release(exc, device)
+        if isinstance(exc, OutOfMemory):
+            raise  # an inner device_memory named the configuration; its frames are let go of now
+        configs = [what] if isinstance(what, Config) else list({c.key(): c for c in what}.values())
+        raise OutOfMemory(
+            f"{_named(configs)} ran out of memory on {device}{_batches(configs)} ({_oom_reason(oom)}); "
+            f"{'its' if len(configs) == 1 else 'their'} memory was freed"
         ) from exc
+
+
+def _named(configs: list[Config]) -> str:
+    """One configuration's description, or up to three of those timed together."""
+    if len(configs) <= 1:
+        return configs[0].describe() if configs else "The models timed together"
+    names = [c.describe() for c in configs[:3]] + ([f"{len(configs) - 3} more"] if len(configs) > 3 else [])
+    return f"{', '.join(names[:-1])} and {names[-1]}, timed together,"
+
+
+def _batches(configs: list[Config]) -> str:
+    """`` at batch 8``, `` at batches 1, 8``; nothing without a configuration."""
+    batches = sorted({c.batch_size for c in configs})
+    if not batches:
+        return ""
+    return f" at batch {batches[0]}" if len(batches) == 1 else f" at batches {', '.join(map(str, batches))}"
+
+
+def _oom_reason(oom: BaseException) -> str:
+    """``exception_line`` cut after the CUDA allocator's first three sentences ("CUDA out of memory.
+    Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.11 GiB of which 3.56 MiB is free"):
+    the rest of its message is usage figures and advice on fragmentation."""
+    return ". ".join(exception_line(oom).split(". ")[:3])
+
+
+def _release(exc: BaseException, device: str) -> None:
+    """Clear the finished frames in ``exc``'s tracebacks (and its causes'), collect, empty CUDA's cache."""
+    import gc
+    import traceback
+
+    import torch
+
+    chained: BaseException | None = exc
+    for _ in range(16):
+        if chained is None:
+            break
+        if chained.__traceback__ is not None:
+            traceback.clear_frames(chained.__traceback__)  # a frame still running is skipped
+        chained = chained.__cause__ or chained.__context__
+    gc.collect()
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
 
 
 def _out_of_memory(exc: BaseException | None) -> BaseException | None:

@@ -45,9 +45,15 @@ class ProbeReading:
 class ContentionProbe:
     """Times the reference workload on ``device``; compares it with the environment's quiet time.
 
-    Building one measures this run's reference (``run_reference_ms``, about 0.3 s); the quiet time
-    is the lower of it and the environment's stored quiet time (the median reference of its recent
-    runs), so a run that starts on a busy machine still compares with the machine's normal state.
+    Building one measures this run's reference (``run_reference_ms``); the quiet time is the lower of
+    it and the environment's stored quiet time (the median reference of its recent runs), so a run
+    that starts on a busy machine still compares with the machine's normal state.
+
+    What it costs: a reading (``read``, taken between rounds) is ``_REPEATS`` (3) runs of the
+    workload, about 3x ``quiet_ms``; ``read_after_work`` adds ``_REFERENCE_WORK_S`` (20 ms) of busy
+    matmuls, each waited for, so on CUDA the busy work ends when its time does instead of queueing
+    kernels that run on after it. The reference is one untimed run and ``_REFERENCE_PROBES`` (9)
+    readings after busy work: about 0.18 s plus 28 runs of the workload (``reference_s`` is what it took).
 
     Args:
         device: A resolved device ("cpu", "cuda:N").
@@ -79,7 +85,10 @@ class ContentionProbe:
         self._tiny = torch.zeros(1, device=device)
         self._sync: Callable[[], None] = (lambda: torch.cuda.synchronize(device)) if on_cuda else (lambda: None)
         self.threads = threads
+        started = time.perf_counter()
         self.run_reference_ms = self._reference()
+        #: seconds this run's reference took to measure
+        self.reference_s = time.perf_counter() - started
         self.quiet_ms = min(self.run_reference_ms, stored_quiet_ms or self.run_reference_ms)
         launches = f" + {self._launches} one-element kernel launches (host-bound), synchronized" if on_cuda else ""
         self._workload = f"{n}x{n} fp32 matmul + {nbytes // 2**20} MiB copy{launches}, median of {_REPEATS}"
@@ -88,8 +97,8 @@ class ContentionProbe:
     @property
     def description(self) -> str:
         return (
-            f"contention probe ({self._workload}) between rounds; a round is discarded when its probe is over "
-            f"{self.limit:g}x the quiet {self.quiet_ms:.3g} ms"
+            f"contention probe ({self._workload}; reference {self.reference_s:.2g} s) between rounds; a round is "
+            f"discarded when its probe is over {self.limit:g}x the quiet {self.quiet_ms:.3g} ms"
         )
 
     def time_ms(self) -> float:
@@ -136,11 +145,14 @@ class ContentionProbe:
         return False
 
     def _work(self) -> None:
+        """``_REFERENCE_WORK_S`` of busy matmuls, each waited for before the next. A CUDA launch returns at
+        once: 20 ms of launches alone would queue hundreds of 2048x2048 matmuls, which would run on for
+        up to a second after the time is up and leave the clocks unlike those between rounds."""
         with torch.inference_mode(), torch_threads(self.threads):
             until = time.perf_counter() + _REFERENCE_WORK_S
             while time.perf_counter() < until:
                 self._a @ self._b
-            self._sync()
+                self._sync()
 
     def _reference(self) -> float:
         """This run's reference: the median probe, each right after some busy work."""

@@ -8,6 +8,7 @@ No torch here: ``pareto hardware`` lists profiles without importing it.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import resources
@@ -106,15 +107,30 @@ def load_profile(name: str) -> HardwareProfile:
     return _parse(entry.read_text(encoding="utf-8"), f"{key}.yaml")
 
 
-#: GPU names (as torch reports them) to datasheet profiles, most specific first.
+#: GPU names (as ``torch.cuda.get_device_name`` reports them) to datasheet profiles, most specific
+#: first: "NVIDIA H100 PCIe" and "NVIDIA H100 NVL" have their own ceilings; any other H100 ("NVIDIA
+#: H100 80GB HBM3", the SXM part) takes the SXM profile.
 _GPU_PROFILES = (
     ("H200", "h200"),
+    ("H100 PCIe", "h100-pcie"),
+    ("H100 NVL", "h100-nvl"),
     ("H100", "h100-sxm"),
     ("A100-SXM4-80GB", "a100-80gb"),
     ("A100 80GB", "a100-80gb"),
     ("A100", "a100-40gb"),
     ("V100", "v100"),
 )
+
+
+def gpu_profile_name(device_name: str) -> str | None:
+    """The shipped datasheet profile for a GPU of this name (``torch.cuda.get_device_name``), or None.
+    Case, spaces, hyphens and underscores do not matter ("H100-PCIE" is "H100 PCIe")."""
+    name = _words(device_name)
+    return next((profile for marker, profile in _GPU_PROFILES if _words(marker) in name), None)
+
+
+def _words(text: str) -> str:
+    return " ".join(re.split(r"[\s_-]+", text.lower())).strip()
 
 
 def resolve_profile(
@@ -144,10 +160,9 @@ def resolve_profile(
         return calibration, None
     if name != "auto":
         return load_profile(name), None
-    if fingerprint["device"].startswith("cuda"):
-        for marker, profile in _GPU_PROFILES:
-            if marker.lower() in fingerprint["device_name"].lower():
-                return load_profile(profile), None
+    shipped = gpu_profile_name(fingerprint["device_name"]) if fingerprint["device"].startswith("cuda") else None
+    if shipped is not None:
+        return load_profile(shipped), None
     if calibration is not None:
         return calibration, None
     return None, "No roofline: run 'pareto calibrate' once to measure this machine's ceilings, or pass --hardware."
