@@ -7,6 +7,7 @@ divide by the baseline measured in the same run.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from collections.abc import Callable
@@ -73,7 +74,13 @@ class Bench:
 
         if self.measure.contention_limit is None:
             return None
-        with timing_lock(self.device, what="the contention probe's reference"):
+        # on a GPU the reference is timed alone, as a timing is; on the CPU, as before, without the lock
+        held = (
+            timing_lock(self.device, what="the contention probe's reference")
+            if self.device.startswith("cuda")
+            else None
+        )
+        with held or contextlib.nullcontext():
             return ContentionProbe(
                 self.device, threads=self.threads, stored_quiet_ms=self.quiet_ms, limit=self.measure.contention_limit
             )

@@ -101,13 +101,27 @@ def test_gpu_work_waits_while_a_timing_runs() -> None:
 def test_a_waiting_timing_is_not_overtaken_by_new_gpu_work() -> None:
     with holding(lambda: gpu_work(GPU)) as work:
         timer = Holder(lambda: timing_lock(GPU, timeout_s=10))
-        time.sleep(0.3)  # the timer holds the timing lock and waits for the work to end
+        _wait_for_the_timing_lock()  # the timer holds the timing lock and waits for the work to end
         assert not timer.entered.is_set()
         with pytest.raises(MachineBusy), gpu_work(GPU, timeout_s=0.1):  # a newcomer waits behind the timer
             pass
         work.leave.set()
         assert timer.entered.wait(10) and timer.error is None
     timer.release()
+
+
+def _wait_for_the_timing_lock() -> None:
+    """Until someone holds the GPU's timing lock (its holder's note is written once it is taken)."""
+    import re
+
+    from pareto import locks
+
+    name = re.sub(r"[^A-Za-z0-9]", "_", locks._gpu_name(GPU) or GPU)
+    note = locks._holder_path(locks.lock_dir() / f"pareto-timing-{name}.lock")
+    deadline = time.monotonic() + 30
+    while not note.exists():
+        assert time.monotonic() < deadline, "no one took the timing lock"
+        time.sleep(0.01)
 
 
 def _time_elsewhere(timeout_s: float) -> BaseException | None:

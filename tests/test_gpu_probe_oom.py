@@ -219,3 +219,32 @@ def test_structured_pruning_is_judged_on_the_device_asked(monkeypatch: pytest.Mo
     assert seen == [("meta", "meta")]  # on the device asked, whose widths rule then applies (8 on CUDA)
     assert listing["prune_structured"]["available"] is True
     assert model_device(task.model).type == "cpu"  # the user's model stays where it was
+
+
+@pytest.mark.parametrize(("device", "locked"), [("cuda:0", True), ("cpu", False)])
+def test_the_probe_reference_is_timed_under_the_timing_lock_on_a_gpu_only(
+    monkeypatch: pytest.MonkeyPatch, device: str, locked: bool
+) -> None:
+    from contextlib import contextmanager
+
+    from pareto import _runs, locks
+    from pareto.measure import probe as probe_module
+
+    held: list[str] = []
+    seen: list[bool] = []
+
+    @contextmanager
+    def timing_lock(name: str, **_: Any) -> Any:
+        held.append(name)
+        yield
+        held.remove(name)
+
+    class Probe:
+        def __init__(self, device: str, **_: Any) -> None:
+            seen.append(device in held)
+
+    monkeypatch.setattr(locks, "timing_lock", timing_lock)
+    monkeypatch.setattr(probe_module, "ContentionProbe", Probe)
+    bench = SimpleNamespace(device=device, threads=1, quiet_ms=None, measure=SimpleNamespace(contention_limit=1.5))
+    assert isinstance(_runs.Bench.probe(bench), Probe)  # type: ignore[arg-type]
+    assert seen == [locked] and held == []

@@ -228,7 +228,18 @@ def test_the_probe_cache_is_keyed_by_pareto_version_and_the_probe_code(
     upgraded = kernels._key((bf16,), GPU)
     assert upgraded != key
     monkeypatch.setattr(kernels, "probe_code", lambda: "another probe")
-    assert kernels._key((bf16,), GPU) not in (key, upgraded)
+    probed = kernels._key((bf16,), GPU)
+    assert probed not in (key, upgraded)
+    # a technique's own code (or the pipeline's) fixed: its old result is not read
+    assert kernels.technique_code(type(bf16)) != kernels.technique_code(type(fp8))
+    monkeypatch.setattr(kernels, "technique_code", lambda cls: "a fixed technique")
+    assert kernels._key((bf16,), GPU) != probed
+
+
+def test_a_cusparse_kernel_missing_for_this_gpu_is_kept_and_a_cusparse_failure_is_not() -> None:
+    lasting = RuntimeError("CUDA error: CUSPARSE_STATUS_NOT_SUPPORTED when calling cusparseLtMatmul")
+    passing = RuntimeError("CUDA error: CUSPARSE_STATUS_INTERNAL_ERROR when calling cusparseSpMM")
+    assert not kernels.transient(lasting) and kernels.transient(passing)
 
 
 def test_the_probe_code_digest_follows_the_probe_functions(monkeypatch: pytest.MonkeyPatch) -> None:

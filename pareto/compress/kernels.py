@@ -47,6 +47,9 @@ LASTING_CUDA_ERRORS = (
     "operation not supported",
     "cublas_status_not_supported",
     "cublas_status_arch_mismatch",
+    "cusparse_status_not_supported",
+    "cusparse_status_arch_mismatch",
+    "cusparselt",
 )
 #: Messages (lower case) of a CUDA runtime error: not stored unless one of ``LASTING_CUDA_ERRORS``.
 CUDA_ERRORS = (
@@ -216,6 +219,21 @@ def probe_code() -> str:
     return digest.hexdigest()[:16]
 
 
+@functools.cache
+def technique_code(cls: type[Technique]) -> str:
+    """A digest of a technique's class and of the pipeline that applies it: a fixed technique (or pipeline)
+    does not read the failure its old code left in the cache."""
+    from pareto.compress import pipeline
+
+    digest = hashlib.sha256()
+    for code in (cls, pipeline.apply):
+        try:
+            digest.update(inspect.getsource(code).encode())
+        except (OSError, TypeError):  # no source shipped: its name stands for it (pareto's version is in the key)
+            digest.update(f"{code.__module__}.{code.__qualname__}".encode())
+    return digest.hexdigest()[:16]
+
+
 def _key(techniques: tuple[Technique, ...], device: str) -> str:
     """What a probe's result depends on: the techniques and their parameters, the GPU, the driver, the
     libraries, pareto's version and the probe's code."""
@@ -237,6 +255,7 @@ def _key(techniques: tuple[Technique, ...], device: str) -> str:
         "mslk": importlib.util.find_spec("mslk") is not None,
         "pareto": pareto.__version__,
         "probe": probe_code(),
+        "code": [technique_code(type(t)) for t in techniques],
     }
     return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
