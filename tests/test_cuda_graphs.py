@@ -256,3 +256,14 @@ def test_a_sweep_that_still_hits_the_limit_stops_there_with_a_sentence() -> None
         "batch 3 would compile past torch.compile's recompile limit (10 graphs per function) and run eagerly; "
         "larger batches not measured"
     )
+
+
+def test_a_stored_cuda_graphs_configuration_on_the_compile_backend_is_one_sentence() -> None:
+    from pareto.compress import Config
+    from pareto.errors import UsageError
+
+    stored = {"batch_size": 8, "techniques": [{"name": "cuda_graphs", "params": {}}], "backend": "compile"}
+    with pytest.raises(UsageError) as info:
+        Config.from_dict(stored)
+    message = str(info.value)
+    assert "\n" not in message and "cuda_graphs runs on the eager backend, not on compile" in message

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from pareto.compress.base import Backend, Technique, canonical_key, conflict, get_technique
 from pareto.compress.served import Served, Step
-from pareto.errors import TechniqueError
+from pareto.errors import TechniqueError, UsageError
 from pareto.naming import describe_config
 
 if TYPE_CHECKING:
@@ -81,8 +81,22 @@ class Config(BaseModel):
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Config:
+        """A stored configuration (``to_dict``).
+
+        Raises:
+            UsageError: an unknown technique or parameter, or a configuration this version refuses (one
+                stored by an older pareto: ``cuda_graphs`` on the compile backend), in one sentence.
+        """
+        from pydantic import ValidationError
+
         techniques = tuple(get_technique(t["name"], t.get("params")) for t in data.get("techniques", []))
-        return cls(techniques=techniques, batch_size=data["batch_size"], backend=data.get("backend", "eager"))
+        try:
+            return cls(techniques=techniques, batch_size=data["batch_size"], backend=data.get("backend", "eager"))
+        except ValidationError as exc:
+            reason = exc.errors()[0]["msg"].removeprefix("Value error, ").rstrip(".")
+            raise UsageError(
+                f"The stored configuration {describe_config(data)} cannot be built here: {reason}."
+            ) from exc
 
     def key(self) -> str:
         """Content hash of the configuration: equal configs share a key."""
