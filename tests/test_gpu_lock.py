@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,6 +22,7 @@ import pytest
 
 from pareto.errors import MachineBusy, TimingLockStuck
 from pareto.locks import WORK_WAIT_FACTOR, gpu_work, timing_lock
+from tests.test_locks import stopped_process
 
 GPU = "cuda:0"
 
@@ -257,16 +256,8 @@ with lock("cuda:0", what="a worker's " + sys.argv[1]):
 def stopped_holder(kind: str, folder: Path) -> Iterator[subprocess.Popen[str]]:
     """Another process that holds the GPU (``kind``: "work" or "timing") and is then stopped (SIGSTOP)."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "PARETO_LOCK_DIR": str(folder)}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, kind], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert proc.stdout is not None and proc.stdout.readline() == "held\n"
-        proc.send_signal(signal.SIGSTOP)
+    with stopped_process(HOLDER, kind, env=env) as proc:
         yield proc
-    finally:
-        proc.kill()
-        proc.wait(timeout=60)
 
 
 def test_another_process_gpu_work_holds_a_timing_off_until_it_ends(tmp_path: Path) -> None:

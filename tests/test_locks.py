@@ -3,6 +3,7 @@ timing lock, which gives up on a holder that never lets go."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -47,9 +48,15 @@ with device_lock("cpu", what="the holder of test_locks"):
 def holder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[subprocess.Popen[str]]:
     """Another process that takes the CPU's timing lock in ``tmp_path`` and is then stopped (SIGSTOP)."""
     monkeypatch.setenv("PARETO_LOCK_DIR", str(tmp_path))
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with stopped_process(HOLDER, env={**os.environ, "PYTHONPATH": str(ROOT)}) as proc:
+        yield proc
+
+
+@contextlib.contextmanager
+def stopped_process(code: str, *args: str, env: dict[str, str]) -> Iterator[subprocess.Popen[str]]:
+    """A Python process that runs ``code``, prints "held" once it holds its lock, and is then stopped (SIGSTOP)."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", HOLDER], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", code, *args], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
     try:
         assert proc.stdout is not None and proc.stdout.readline() == "held\n"
