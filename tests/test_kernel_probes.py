@@ -274,3 +274,19 @@ def test_int4_is_not_available_where_tile_packing_pads_the_weights_more_than_twi
     assert int4.available(GPU) is None  # without a task: the device and the libraries only
     monkeypatch.setattr(quantize_module, "int4_packing", lambda: "plain")  # MSLK's layout does not pad
     assert int4.available(GPU, _task(128)) is None
+
+
+def test_pareto_measure_refuses_fp8_with_compile_where_the_pair_probe_fails(
+    monkeypatch: pytest.MonkeyPatch, gpu: list[tuple[str, ...]]
+) -> None:
+    from pareto.compress import Config, why_not_here
+    from pareto.compress import compile as compile_module
+
+    monkeypatch.setattr(compile_module, "_compile_reason", lambda device_type: None)  # triton there
+    _stub_apply(monkeypatch, gpu, _dynamo_refuses_torchao)
+    fp8 = get_technique("fp8")
+    with_compile = why_not_here(Config(techniques=(fp8, get_technique("compile")), batch_size=8), None, GPU)
+    assert with_compile is not None and with_compile.startswith("fp8 with compile: a probe of fp8 with compile")
+    on_backend = why_not_here(Config(techniques=(fp8,), batch_size=8, backend="compile"), None, GPU)
+    assert on_backend is not None and on_backend.startswith("fp8 on the compile backend: ")
+    assert why_not_here(Config(techniques=(fp8, get_technique("bf16")), batch_size=8), None, GPU) is None

@@ -219,6 +219,22 @@ def why_not_here(config: Config, task: Task | None, device: str) -> str | None:
         why = technique_reason(technique, device, task)
         if why is not None:
             return f"{technique.name}: {why.rstrip('.')}"
+    return _pair_reason(config, device)
+
+
+def _pair_reason(config: Config, device: str) -> str | None:
+    """Why two of ``config``'s techniques cannot run together on this install, or one of them on the compile
+    backend (``Technique.pair_reason``, as a search's ``install_conflicts`` judges them), or None."""
+    for technique in config.techniques:
+        others = [t.name for t in config.techniques if t is not technique]
+        if config.backend == "compile":
+            others.append("compile")  # the backend serves through torch.compile's default mode
+        space = {name: [value] for name, value in technique.params().items()}
+        for other in others:
+            why = type(technique).pair_reason(other, device, space)
+            if why is not None:
+                beside = f"with {other}" if other in {t.name for t in config.techniques} else "on the compile backend"
+                return f"{technique.name} {beside}: {why.rstrip('.')}"
     return None
 
 
