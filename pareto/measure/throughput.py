@@ -206,6 +206,10 @@ def throughput_curve(
         method=(
             f"measure_latency per batch ({method}); throughput = batch / mean latency; saturation: "
             f"smallest batch with >= {SATURATION_FRACTION:.0%} of the sweep's maximum throughput"
-            + (f"; torch.compile's recompile limit raised to {limit} for the sweep" if limit is not None else "")
+            + (
+                f"; torch.compile's recompile limit raised to {limit} for the sweep (it binds compiled models only)"
+                if limit is not None
+                else ""
+            )
         ),
     )
