@@ -3,7 +3,7 @@
 Each task's configurations are built on the GPU by pareto's own pipeline, one at a time: a row whose
 build or first call fails keeps its one-sentence reason and the other rows go on. The rows that
 built are timed beside the fp32 eager baseline in the same rounds, in a random order each round
-(``pareto._runs.time_beside``, the interleaved timing ``pareto measure`` and confirmation use, here
+(``pareto.study.bench.time_beside``, the interleaved timing ``pareto measure`` and confirmation use, here
 given the models already built), then evaluated once for accuracy. When that joint run fails, each
 row is timed alone beside the baseline instead, and a row that fails there keeps its reason; so does
 a row whose accuracy evaluation fails. The rows a user would try first, ``torch.compile`` in its
@@ -42,9 +42,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from pareto._runs import Bench, Built
     from pareto.measure.latency import LatencyResult, RoundPlan, Timed
     from pareto.measure.probe import ContentionProbe
+    from pareto.study.bench import Bench, Built
 
 #: Rows per task: (label, techniques as "name" or "name:key=value"). The first is the baseline.
 LEVERS: list[tuple[str, list[str]]] = [
@@ -138,9 +138,9 @@ def run_task(
     """Build each row on its own, time the rows that built together, evaluate them; the task's result.
     Once the rows are built, ``save`` gets the task so far (its built rows ``pending``, ``complete`` false):
     a process stopped while it times them leaves which rows built and which failed."""
-    from pareto._runs import open_bench
-    from pareto.assess import round_plan
     from pareto.spec import Measure
+    from pareto.study.assess import round_plan
+    from pareto.study.bench import open_bench
     from pareto.task import load_task
 
     measure = Measure(
@@ -197,11 +197,11 @@ def technique_levers(bench: Bench) -> list[tuple[str, list[str]]]:
 def build_row(bench: Bench, label: str, options: list[str], batch: int) -> tuple[dict[str, Any], Built | None]:
     """The row and its model built and called once; ``skipped`` (not available on the device) or
     ``failed`` (its one-sentence reason) and no model when it cannot be timed."""
-    from pareto._runs import build
-    from pareto.assess import device_memory
     from pareto.compress import Config
     from pareto.compress.pipeline import why_not_here
     from pareto.errors import exception_line
+    from pareto.study.assess import device_memory
+    from pareto.study.bench import build
 
     row: dict[str, Any] = {"label": label, "techniques": options}
     try:
@@ -274,7 +274,7 @@ def time_rows(
 
 def _time(bench: Bench, items: list[Timed], plan: RoundPlan, probe: ContentionProbe | None) -> list[LatencyResult]:
     """``items`` (built already) timed in interleaved rounds by pareto's own path."""
-    from pareto._runs import time_beside
+    from pareto.study.bench import time_beside
 
     return time_beside(bench, [], items, plan=plan, probe=probe)[1]
 

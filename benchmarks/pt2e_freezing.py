@@ -25,10 +25,10 @@ import platform
 
 import torch
 
-from pareto.assess import build
 from pareto.compress import Config, get_technique
 from pareto.compress.compile import FrozenCompiled
 from pareto.measure.latency import RoundPlan, Timed, measure_interleaved
+from pareto.study.assess import build
 from pareto.task import load_task
 
 

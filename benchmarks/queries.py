@@ -60,7 +60,7 @@ def sweep_against_optuna(points: Any, maximize: list[bool], runs: int) -> tuple[
     import numpy as np
     from optuna.study._multi_objective import _is_pareto_front
 
-    from pareto.frontier import non_dominated
+    from pareto.front import non_dominated
 
     loss = points * np.where(np.asarray(maximize), -1.0, 1.0)  # Optuna minimizes every column
     ours_ms, optuna_ms = [], []
@@ -119,7 +119,7 @@ def main() -> None:
 
     import numpy as np
 
-    from pareto.frontier import objective_columns
+    from pareto.front import objective_columns
     from pareto.store import queries
     from pareto.store.engine import open_engine, session_scope
 

@@ -41,8 +41,8 @@ from typing import Any
 import numpy as np
 import optuna
 
-from pareto.samplers import SAMPLERS, make_sampler, range_points, suggest
 from pareto.spec import Range, SearchSpec
+from pareto.study.samplers import SAMPLERS, make_sampler, range_points, suggest
 
 DATA = Path(__file__).parent / "data"
 TABLE = DATA / "demo-grid.csv"
@@ -93,8 +93,8 @@ def measure(db: str | None, out: Path) -> None:
     from rich.console import Console
 
     from pareto.api import search
-    from pareto.report import ProgressReporter
-    from pareto.samplers import grid
+    from pareto.report.tables import ProgressReporter
+    from pareto.study.samplers import grid
 
     s = spec()
     size = len(grid(s.space.batch_size or [256], s.space.techniques, GRID_POINTS))
@@ -239,7 +239,7 @@ def replay_one(table: Table, sampler: str, seed: int, budget: int, *, repeats: s
     its constraints) and not counted, as the search does; "pruned": an Optuna PRUNED trial, not
     counted; "counted": the stored values, counted against the budget (the search before issue 11).
     """
-    from pareto.samplers import FLAT
+    from pareto.study.samplers import FLAT
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     with warnings.catch_warnings():
@@ -420,7 +420,7 @@ def replay_failures(
     a repeat when that was measured), a failure is told as infeasible with the worst values seen, and a
     repeat of one is answered, not counted.
     """
-    from pareto.samplers import FLAT
+    from pareto.study.samplers import FLAT
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     with warnings.catch_warnings():

@@ -6,8 +6,8 @@ torch; ``search`` runs the measurements (and imports torch and Optuna when calle
 
 from __future__ import annotations
 
-# imported after the submodules they share names with, so `pareto.frontier` is the function; the
-# search runs in `pareto._search` and the nightly job in `pareto._nightly`, whose names no public function shares
+# the public API (``__all__``); no function here shares its name with a module of the package (a test
+# checks): the search runs in `pareto.study`, the nightly job in `pareto.drift`, the frontier in `pareto.front`
 from pareto.api import (
     best,
     confirm,

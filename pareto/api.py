@@ -13,15 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session
 
-from pareto._measuring import (
-    measure_beside_baseline,
-    measure_settings,
-    parse_technique_option,
-    remeasure_trial,
-    stored_measure,
-)
 from pareto.errors import NoFeasibleConfiguration, UsageError
-from pareto.frontier import (
+from pareto.front import (
     DEFAULT_OBJECTIVE_NAMES,
     Candidate,
     Constraints,
@@ -46,11 +39,18 @@ from pareto.store import queries
 from pareto.store.engine import existing_engine, open_engine, read_engine, resolve_url, session_scope
 from pareto.store.models import Environment, Study
 from pareto.store.trials import add_calibration
+from pareto.study.measure_one import (
+    measure_beside_baseline,
+    measure_settings,
+    parse_technique_option,
+    remeasure_trial,
+    stored_measure,
+)
 
 if TYPE_CHECKING:
-    from pareto._nightly import NightlyResult
-    from pareto._search import Reporter, SearchResult
+    from pareto.drift.nightly import NightlyResult
     from pareto.spec import NightlySettings, SearchSpec
+    from pareto.study.search import Reporter, SearchResult
 
 
 def best(limits: Limits | None = None, /, *, db: str | None = None, **keywords: Any) -> dict[str, Any]:
@@ -231,14 +231,14 @@ def search(
     """Run or continue a search (imports torch and Optuna); see ``pareto.spec.SearchSpec``.
 
     With ``workers`` > 1, that many local processes share ``spec.search.n_trials`` on one study
-    (``pareto._workers``); the database must take several writers (SQLite on one host, PostgreSQL).
+    (``pareto.study.workers``); the database must take several writers (SQLite on one host, PostgreSQL).
     """
-    from pareto._search import run_search
     from pareto.spec import SearchSpec as _Spec
+    from pareto.study.search import run_search
 
     if workers > 1:
-        from pareto._search import Quiet
-        from pareto._workers import run_workers
+        from pareto.study.search import Quiet
+        from pareto.study.workers import run_workers
 
         return run_workers(spec or _Spec(), db_url=resolve_url(db), workers=workers, reporter=reporter or Quiet())
     return run_search(spec or _Spec(), db_url=resolve_url(db), reporter=reporter)
@@ -252,12 +252,12 @@ def nightly(
     reporter: Reporter | None = None,
     notice: Any = None,
 ) -> NightlyResult:
-    """Run one nightly job of ``spec.study_name`` (imports torch and Optuna); see ``pareto._nightly``.
+    """Run one nightly job of ``spec.study_name`` (imports torch and Optuna); see ``pareto.drift.nightly``.
 
     Raises:
         LockHeld: another nightly of the study is running (exit code 75).
     """
-    from pareto._nightly import run_nightly
+    from pareto.drift.nightly import run_nightly
     from pareto.spec import NightlySettings as _Settings
 
     return run_nightly(
@@ -271,7 +271,7 @@ def create_study(spec: SearchSpec, *, db: str | None = None) -> str:
     Raises:
         UsageError: the study exists with another task or other objectives.
     """
-    from pareto._studies import create_study as _create
+    from pareto.study.studies import create_study as _create
 
     return _create(spec, db_url=resolve_url(db))
 
@@ -290,7 +290,7 @@ def delete_study(name: str, *, db: str | None = None) -> dict[str, Any]:
     Raises:
         UsageError: no such study.
     """
-    from pareto._studies import delete_study as _delete  # pareto's rows and Optuna's, in one transaction
+    from pareto.study.studies import delete_study as _delete  # pareto's rows and Optuna's, in one transaction
 
     return _delete(name, db_url=resolve_url(db))
 
@@ -335,8 +335,8 @@ def confirm(
     Raises:
         UsageError: unknown study, bad SLO, ``top < 1`` or ``margin < 1``.
     """
-    from pareto._runs import open_bench
-    from pareto.confirmation import confirm_study
+    from pareto.study.bench import open_bench
+    from pareto.study.confirmation import confirm_study
     from pareto.task import load_task
 
     asked = Limits.of(limits, **keywords)

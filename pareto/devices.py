@@ -1,6 +1,6 @@
 """Where tensors live: one rule, kept by pareto, not by each caller.
 
-The bench (``pareto._runs.Bench``) resolves the device once. ``pareto.compress.apply(..., device=...)``
+The bench (``pareto.study.bench.Bench``) resolves the device once. ``pareto.compress.apply(..., device=...)``
 puts each compressed copy there, and everything that feeds a model gets its data from the bench's
 task view (``on_device``): example inputs, training batches and the reference model already sit on
 the device, and the task's own ``evaluate`` sees the model through ``Fed``, which moves the inputs the

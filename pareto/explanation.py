@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pareto.frontier import Candidate, Constraints, evaluate
+from pareto.front import Candidate, Constraints, evaluate
 from pareto.slo import P99_BOUND_METRIC
 from pareto.units import format_bytes, format_ms
 
@@ -31,7 +31,7 @@ def explain_choice(
     need when nothing qualifies.
 
     Args:
-        front: The frontier (fastest first), as ``pareto.frontier.frontier`` returns it.
+        front: The frontier (fastest first), as ``pareto.front.frontier`` returns it.
         pick: The chosen configuration, None when nothing meets the constraints.
         constraints: The limits the pick was chosen under.
         nearest: When ``pick`` is None, the configurations closest to feasible, closest first.

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pareto.errors import UsageError
-from pareto.frontier import Constraints
+from pareto.front import Constraints
 from pareto.units import parse_duration_ms, parse_rate_per_s, parse_size_bytes
 
 

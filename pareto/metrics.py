@@ -2,7 +2,7 @@
 the ``metrics`` of every JSON answer, and what the report reads.
 
 Adding a metric: add a field here (with its unit in the name or the docstring), a migration that adds
-its column, and the code that measures it (``pareto.assess``). Pure Python: queries import it.
+its column, and the code that measures it (``pareto.study.assess``). Pure Python: queries import it.
 """
 
 from __future__ import annotations

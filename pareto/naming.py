@@ -37,7 +37,7 @@ def _fmt(value: Any) -> str:
     return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
-#: The samplers ``pareto search --sampler`` takes (``pareto.samplers`` builds them).
+#: The samplers ``pareto search --sampler`` takes (``pareto.study.samplers`` builds them).
 SamplerName = Literal["tpe", "gp", "nsga2", "random", "qmc", "grid"]
 SAMPLER_HELP = (
     "Optuna sampler: tpe (default), gp (Gaussian process), nsga2, random, qmc (scrambled Sobol), grid (every "

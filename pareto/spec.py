@@ -19,12 +19,12 @@ from pydantic import (
     model_validator,
 )
 
-from pareto.drift import FALSE_ALARM as DEFAULT_FALSE_ALARM
+from pareto.drift.regression import DEFAULT_P_VALUE as DEFAULT_REGRESSION_P_VALUE
+from pareto.drift.regression import DEFAULT_THRESHOLD as DEFAULT_REGRESSION_THRESHOLD
+from pareto.drift.stats import FALSE_ALARM as DEFAULT_FALSE_ALARM
 from pareto.errors import UsageError
-from pareto.frontier import DEFAULT_OBJECTIVE_NAMES
+from pareto.front import DEFAULT_OBJECTIVE_NAMES
 from pareto.naming import Backend, SamplerName
-from pareto.regression import DEFAULT_P_VALUE as DEFAULT_REGRESSION_P_VALUE
-from pareto.regression import DEFAULT_THRESHOLD as DEFAULT_REGRESSION_THRESHOLD
 from pareto.slo import DEFAULT_CONFIDENCE, DEFAULT_CONTENTION_LIMIT, DEFAULT_ROUNDS, MIN_CONFIDENCE, MIN_SAMPLES_P99
 from pareto.units import parse_duration_ms, parse_rate_per_s, parse_size_bytes
 
@@ -209,7 +209,7 @@ class Search(_Strict):
     n_trials: int = Field(default=30, ge=1)
     timeout: DurationMs | None = None
     seed: int | None = 0
-    #: the Optuna sampler (see ``pareto.samplers``); stored with the study's spec
+    #: the Optuna sampler (see ``pareto.study.samplers``); stored with the study's spec
     sampler: SamplerName = "tpe"
     #: the grid sampler: points of a range without a step (both ends included)
     grid_points: int = Field(default=5, ge=2, le=100)
@@ -225,7 +225,7 @@ class Search(_Strict):
     #: environment: one tried here already is not queued again)
     start_with: list[StartPoint] = Field(default_factory=list)
     #: CPU levers searched even where the lever probe times them slower than float32 on this machine
-    #: (``pareto.space_checks``): left out otherwise, with a notice
+    #: (``pareto.study.space_checks``): left out otherwise, with a notice
     keep: list[str] = Field(default_factory=list)
 
     @field_validator("keep")
@@ -478,7 +478,7 @@ class NightlySettings(_Strict):
     #: re-measure the pick and up to this many other frontier configurations (0: the pick alone)
     remeasure_top: int = Field(default=4, ge=0)
     #: one pass's chance of calling an unchanged night slower, on the drift-corrected P99 (the noise
-    #: band is this far out in the spread the study's history shows; see pareto.drift)
+    #: band is this far out in the spread the study's history shows; see pareto.drift.stats)
     false_alarm: float = Field(default=DEFAULT_FALSE_ALARM, gt=0, lt=0.5)
     #: for a configuration with no drift-corrected history yet: its absolute P99 must grow beyond this
     #: factor, and significantly, to count as slower

@@ -11,11 +11,11 @@ import pytest
 from sqlalchemy import event, func, select
 from sqlalchemy.engine import Engine
 
-from pareto import claims
-from pareto.claims import Claims
 from pareto.store import trials
 from pareto.store.engine import open_engine, session_scope, upgrade
 from pareto.store.models import Measurement, Trial
+from pareto.study import claims
+from pareto.study.claims import Claims
 from tests.test_store import _MEASURED as _METRICS
 from tests.test_store import study_and_environment
 

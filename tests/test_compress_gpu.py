@@ -83,7 +83,7 @@ def test_techniques_that_cannot_share_a_configuration_are_refused(pair: tuple[st
 def test_the_samplers_never_draw_two_techniques_that_exclude_each_other() -> None:
     import optuna
 
-    from pareto.samplers import grid, space_size, suggest
+    from pareto.study.samplers import grid, space_size, suggest
 
     space = {"bf16": {}, "fp16": {}, "int8_weight_only": {}, "fp8": {}}
     points = grid([1], space)

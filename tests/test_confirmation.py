@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pareto import confirmation
-from pareto.confirmation import ConfirmedItem, ConfirmResult, choose, confirm_pick
-from pareto.frontier import Candidate, Constraints
+from pareto.front import Candidate, Constraints
+from pareto.study import confirmation
+from pareto.study.confirmation import ConfirmedItem, ConfirmResult, choose, confirm_pick
 
 
 def cand(trial: int, acc: float, upper: float | None, *, memory: int = 100) -> Candidate:
@@ -70,10 +70,10 @@ def test_confirming_another_machines_configuration_drops_its_machine_fields(db_u
     from sqlalchemy import select
 
     import pareto
-    from pareto._search import run_search
     from pareto.spec import SearchSpec
     from pareto.store.engine import open_engine, session_scope
     from pareto.store.models import Environment, Measurement
+    from pareto.study.search import run_search
 
     spec = SearchSpec.model_validate(
         {

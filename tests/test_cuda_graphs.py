@@ -180,7 +180,7 @@ def test_reduce_overhead_without_a_tree_says_no_pool_is_counted(
 def test_cuda_graphs_is_not_offered_on_the_compile_backend() -> None:
     import optuna
 
-    from pareto.samplers import grid, suggest
+    from pareto.study.samplers import grid, suggest
 
     graphs = get_technique("cuda_graphs")
     with pytest.raises(ValueError, match="cuda_graphs runs on the eager backend, not on compile"):

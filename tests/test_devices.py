@@ -15,7 +15,6 @@ import torch
 from torch import nn
 
 from pareto import Task
-from pareto.assess import assess, preflight
 from pareto.compress import Config, Technique, apply, get_technique
 from pareto.compress.base import Family
 from pareto.devices import Fed, as_args, device_identity, first_device, model_device, on_device, to_device
@@ -23,6 +22,7 @@ from pareto.errors import BaselineFailed, UsageError
 from pareto.measure.latency import measure_latency
 from pareto.measure.memory import theoretical_bytes
 from pareto.spec import Measure
+from pareto.study.assess import assess, preflight
 
 Pair = namedtuple("Pair", ["a", "b"])
 
@@ -200,7 +200,7 @@ def test_the_device_lock_names_a_gpu_by_its_uuid(monkeypatch: pytest.MonkeyPatch
 
 
 def test_each_worker_gets_its_own_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pareto._workers import worker_devices
+    from pareto.study.workers import worker_devices
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -211,8 +211,8 @@ def test_each_worker_gets_its_own_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_running_out_of_device_memory_is_one_sentence() -> None:
-    from pareto.assess import device_memory
     from pareto.errors import TechniqueError
+    from pareto.study.assess import device_memory
 
     config = Config(batch_size=8)
     expected = r"ran out of memory on cpu at batch 8 \(OutOfMemoryError: CUDA out"

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from pareto._nightly_drift import DriftHistory, NightDrift, whose
-from pareto.drift import DEFAULT_SIGMA, MIN_HISTORY, change_points, level, noise_band, residuals
+from pareto.drift.history import DriftHistory, NightDrift, whose
+from pareto.drift.regression import compare_corrected
+from pareto.drift.stats import DEFAULT_SIGMA, MIN_HISTORY, change_points, level, noise_band, residuals
 from pareto.measure.reference import (
     KIND,
     Reference,
@@ -22,7 +23,6 @@ from pareto.measure.reference import (
     size_reference,
     thaw,
 )
-from pareto.regression import compare_corrected
 
 SIGMA = {"p50": 0.015, "p99": 0.08}
 

@@ -24,7 +24,7 @@ import cli
 from pareto import Task
 from pareto.compress import Config, Served, apply, registry
 from pareto.errors import NoFeasibleConfiguration, NotFound, ParetoError, UsageError
-from pareto.export import TECHNIQUE_NOTES, TORCH_EXPORT, TORCHSCRIPT, environment_differences, export
+from pareto.export.bundle import TECHNIQUE_NOTES, TORCH_EXPORT, TORCHSCRIPT, environment_differences, export
 from pareto.measure.environment import fingerprint
 from pareto.store import queries
 from pareto.store.engine import open_engine, session_scope, upgrade
@@ -492,7 +492,7 @@ def test_environment_differences_compare_what_changes_latency() -> None:
 
 
 def test_an_artifact_whose_outputs_differ_is_not_kept(db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import pareto.export as module
+    import pareto.export.bundle as module
 
     serialize = module.serialize
 

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from pareto.errors import NoFeasibleConfiguration
-from pareto.frontier import (
+from pareto.front import (
     Candidate,
     Constraints,
     constraint_gaps,
@@ -206,7 +206,7 @@ def test_vectorized_distance_and_objectives_agree_with_the_per_trial_rules() -> 
 
     import numpy as np
 
-    from pareto.frontier import distance, distance_names, distances, objective_columns
+    from pareto.front import distance, distance_names, distances, objective_columns
 
     rng = random.Random(7)
     rows = [

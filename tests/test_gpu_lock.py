@@ -196,10 +196,10 @@ def test_latency_timing_on_a_gpu_waits_for_other_gpu_work(monkeypatch: pytest.Mo
 
 
 def test_a_search_builds_and_evaluates_inside_gpu_work(db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pareto import _search as search_module
-    from pareto import confirmation
-    from pareto._search import run_search
     from pareto.spec import SearchSpec
+    from pareto.study import confirmation
+    from pareto.study import search as search_module
+    from pareto.study.search import run_search
 
     inside: list[str] = []
     depth = [0]

@@ -72,9 +72,9 @@ def test_the_probe_busy_work_waits_for_each_matmul_and_lasts_what_it_says(monkey
 
 
 def _stub_bench(device: str) -> Any:
-    from pareto._runs import Bench
     from pareto.devices import on_device
     from pareto.spec import Measure
+    from pareto.study.bench import Bench
     from tests.tiny_task import make_task
 
     task = on_device(make_task(), "cpu")
@@ -82,8 +82,8 @@ def _stub_bench(device: str) -> Any:
 
 
 def _stub_builds(monkeypatch: pytest.MonkeyPatch, alive: list[weakref.ref[nn.Module]], fail_on: str | None) -> None:
-    from pareto import _runs
     from pareto.compress.served import Served
+    from pareto.study import bench as _runs
 
     def build(bench: Any, config: Config) -> Any:
         if config.describe() == fail_on:
@@ -98,9 +98,9 @@ def _stub_builds(monkeypatch: pytest.MonkeyPatch, alive: list[weakref.ref[nn.Mod
 def test_out_of_memory_while_timing_together_is_one_sentence_with_the_memory_freed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from pareto import _runs
-    from pareto.assess import round_plan
     from pareto.measure import latency
+    from pareto.study import bench as _runs
+    from pareto.study.assess import round_plan
 
     emptied: list[bool] = []
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
@@ -125,8 +125,8 @@ def test_out_of_memory_while_timing_together_is_one_sentence_with_the_memory_fre
 
 
 def test_out_of_memory_while_building_names_that_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pareto import _runs
-    from pareto.assess import round_plan
+    from pareto.study import bench as _runs
+    from pareto.study.assess import round_plan
 
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     alive: list[weakref.ref[nn.Module]] = []
@@ -157,8 +157,8 @@ def test_pareto_measure_out_of_memory_while_timing_is_one_sentence(
 
 
 def test_measure_out_of_memory_while_evaluating_names_the_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pareto import assess
     from pareto.api import measure
+    from pareto.study import assess
 
     def other_axes(*args: Any, **kwargs: Any) -> Any:
         raise torch.OutOfMemoryError(OOM)
@@ -172,9 +172,9 @@ def test_measure_out_of_memory_while_evaluating_names_the_configuration(monkeypa
 def test_pareto_confirm_out_of_memory_is_one_sentence(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from pareto._search import run_search
     from pareto.measure import latency
     from pareto.spec import SearchSpec
+    from pareto.study.search import run_search
 
     db = f"sqlite:///{tmp_path}/pareto.db"
     spec = SearchSpec.model_validate(
@@ -227,8 +227,9 @@ def test_the_probe_reference_is_timed_under_the_timing_lock_on_a_gpu_only(
 ) -> None:
     from contextlib import contextmanager
 
-    from pareto import _runs, locks
+    from pareto import locks
     from pareto.measure import probe as probe_module
+    from pareto.study import bench as _runs
 
     held: list[str] = []
     seen: list[bool] = []

@@ -19,7 +19,7 @@ from pareto.compress import get_technique, kernels, pipeline
 from pareto.compress import quantize as quantize_module
 from pareto.compress.base import install_conflicts
 from pareto.errors import TechniqueError
-from pareto.samplers import grid, suggest
+from pareto.study.samplers import grid, suggest
 
 GPU = "cuda:0"
 COMPILE = "compile(mode=default)"
@@ -125,7 +125,7 @@ def test_fp8_and_int4_with_compile_are_probed_as_a_pair_and_never_drawn_where_it
 def test_fp8_and_int4_are_kept_off_the_compile_backend_where_the_pair_probe_fails(
     monkeypatch: pytest.MonkeyPatch, gpu: list[tuple[str, ...]]
 ) -> None:
-    from pareto.samplers import space_size
+    from pareto.study.samplers import space_size
 
     _stub_apply(monkeypatch, gpu, _dynamo_refuses_torchao)
     space = {"bf16": {}, "fp8": {}}

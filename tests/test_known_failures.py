@@ -9,12 +9,12 @@ import optuna
 import pytest
 from sqlalchemy import select
 
-from pareto import _search as search_module
-from pareto import space_checks
-from pareto._search import run_search
 from pareto.spec import SearchSpec
 from pareto.store.engine import open_engine, session_scope
 from pareto.store.models import TechniqueCheck, Trial
+from pareto.study import search as search_module
+from pareto.study import space_checks
+from pareto.study.search import run_search
 
 QUICK = {"device": "cpu", "threads": 1, "samples": 40, "rounds": 4, "warmup": 2, "contention_limit": 50}
 

@@ -213,9 +213,9 @@ def test_a_machine_that_stays_busy_gives_no_verdict() -> None:
 
 def test_a_spec_that_allows_more_discards_waits_out_a_load_the_default_gives_up_on() -> None:
     """``measure.max_discards`` (the nightly config's 4x the rounds) reaches the plan the guard reads."""
-    from pareto.assess import round_plan
     from pareto.measure.latency import measure_interleaved
     from pareto.spec import Measure
+    from pareto.study.assess import round_plan
 
     load = [1.0] + [2.0, 1.0, 1.0] * 20  # every third read slow: its block and the next are discarded
     for spec, busy in ((Measure(samples=40, rounds=4), True), (Measure(samples=40, rounds=4, max_discards=16), False)):

@@ -15,12 +15,12 @@ import pytest
 from sqlalchemy import func, select
 
 import pareto
-from pareto._nightly import run_nightly
-from pareto._search import run_search
+from pareto.drift.nightly import run_nightly
 from pareto.errors import UsageError
 from pareto.spec import NightlySettings, SearchSpec, load_nightly
 from pareto.store.engine import open_engine, session_scope, upgrade
 from pareto.store.models import Measurement, NightlyRun, Trial
+from pareto.study.search import run_search
 
 ROOT = Path(__file__).resolve().parents[1]
 TASK = "tests.tiny_task:make_slowable_task"
@@ -108,8 +108,8 @@ def test_nightly_unchanged_then_slower_model(db_url: str, tmp_path: Path, monkey
 
 
 def test_the_pick_stays_until_a_new_configuration_or_a_regression() -> None:
-    from pareto._nightly import _Job
-    from pareto.frontier import Candidate
+    from pareto.drift.nightly import _Job
+    from pareto.front import Candidate
 
     def candidate(trial: int) -> Candidate:
         return Candidate("s", trial, {}, f"trial {trial}", {}, {})
@@ -260,7 +260,7 @@ def test_nightly_bad_input_is_one_sentence(tmp_path: Path) -> None:
 def test_a_regression_the_second_pass_does_not_find_makes_a_noisy_night(
     db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pareto import _nightly
+    from pareto.drift.stats import nightly as _nightly
 
     monkeypatch.delenv("PARETO_TEST_SLOWDOWN_MS", raising=False)
     run_search(_spec(), db_url=db_url)
@@ -309,7 +309,7 @@ def _preferred(db_url: str) -> dict[int, int]:
 def test_an_interrupted_night_changes_no_answer(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # SIGTERM (a CronJob's deadline) after the night's re-measurements were stored: they stay stored, held,
     # and best answers from what it answered before the night; the next night with a verdict promotes its own
-    from pareto import _nightly
+    from pareto.drift.stats import nightly as _nightly
 
     monkeypatch.delenv("PARETO_TEST_SLOWDOWN_MS", raising=False)
     run_search(_spec(), db_url=db_url)

@@ -14,16 +14,16 @@ from sqlalchemy import select
 from torch import nn
 
 from pareto._cli.cli import cli
-from pareto._search import Quiet, run_search
 from pareto.compress import Config, apply, backend_reason, describe_techniques, get_technique
 from pareto.compress.onnxrt import OrtModule, device_reason
 from pareto.errors import TechniqueError
 from pareto.measure.compute import compute_cost, compute_dtype, count_flops
 from pareto.measure.memory import activation_bytes, params_bytes
-from pareto.samplers import grid, space_size
 from pareto.spec import SearchSpec
 from pareto.store.engine import open_engine, session_scope
 from pareto.store.models import Trial
+from pareto.study.samplers import grid, space_size
+from pareto.study.search import Quiet, run_search
 from pareto.task import Task
 from tests.test_cli import one_sentence, pareto
 from tests.tiny_task import make_conv_task, make_task
@@ -231,7 +231,7 @@ def test_an_onnxruntime_only_space_is_tried_to_its_end(db_url: str) -> None:
 
 
 def test_backends_keep_one_order_whatever_the_command_line_says(tmp_path: Path) -> None:
-    from pareto._search import prepare
+    from pareto.study.search import prepare
 
     space = {"backend": ["onnxruntime", "eager"], "techniques": {"int8_dynamic": {}}}
     setup = prepare(_spec(space=space), f"sqlite:///{tmp_path}/p.db", Quiet())
@@ -278,7 +278,7 @@ def test_the_session_is_opened_at_the_timed_thread_count_before_the_first_call(t
 
 
 def test_an_export_compares_onnx_runtime_versions_only_for_a_graph_it_serves() -> None:
-    from pareto.export import environment_differences
+    from pareto.export.bundle import environment_differences
 
     here = {"device": "cpu", "cpu_model": "x", "torch_version": "2", "threads": 2, "onnxruntime_version": "1.32.0"}
     before = {**here, "onnxruntime_version": None}

@@ -20,7 +20,6 @@ from torch import nn
 import pareto.compress.compile as compile_module
 import pareto.compress.pt2e as pt2e
 from pareto._cli.cli import cli
-from pareto._search import run_search
 from pareto.compress import Config, apply, describe_techniques, get_technique, why_not_here
 from pareto.compress.compile import Compile, FrozenCompiled, reset_compiler
 from pareto.compress.quantize import TORCHAO_HINT
@@ -30,6 +29,7 @@ from pareto.measure.memory import params_bytes
 from pareto.spec import SearchSpec
 from pareto.store.engine import open_engine, session_scope
 from pareto.store.models import Trial
+from pareto.study.search import run_search
 from pareto.task import Task
 from tests.tiny_task import make_conv_task
 
@@ -255,7 +255,7 @@ def test_a_search_measures_int8_static_and_exports_it_as_measured(tmp_path: Path
 
 
 def test_an_export_compares_torchao_versions_only_for_an_artifact_that_loads_it() -> None:
-    from pareto.export import environment_differences
+    from pareto.export.bundle import environment_differences
 
     here = {"device": "cpu", "cpu_model": "x", "torch_version": "2", "threads": 2, "torchao_version": "0.18.0"}
     before = {**here, "torchao_version": "0.17.0"}

@@ -124,7 +124,7 @@ def test_torchao_is_imported_before_a_program_that_holds_its_tensors_is_loaded(
 
 
 def test_the_nightly_loads_its_stored_reference_onto_the_bench_device(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pareto._nightly_drift import BenchReferences
+    from pareto.drift.history import BenchReferences
     from pareto.store import engine, trials
 
     blob, kind = freeze(_WithConstant().eval(), torch.randn(2, 8))

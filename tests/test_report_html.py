@@ -15,8 +15,8 @@ import pytest
 
 import cli
 import pareto
-from pareto._search import run_search
 from pareto.spec import SearchSpec
+from pareto.study.search import run_search
 
 pytest.importorskip("matplotlib")
 
@@ -126,7 +126,7 @@ def test_missing_data_is_said_on_the_page_instead_of_a_figure(
     db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from pareto import api
-    from pareto.html_report import write_report
+    from pareto.report.html import write_report
 
     real = api.trials
 
@@ -150,7 +150,7 @@ def test_missing_data_is_said_on_the_page_instead_of_a_figure(
 def test_the_nightly_history_figure_shows_the_pick_measured_and_drift_corrected(db: str, tmp_path: Path) -> None:
     from sqlalchemy import select
 
-    from pareto.html_report import write_report
+    from pareto.report.html import write_report
     from pareto.store.engine import open_engine, session_scope
     from pareto.store.models import Measurement, NightlyRun, Study
 
@@ -183,7 +183,7 @@ def test_the_page_renders_with_every_image_in_chromium(db: str, tmp_path: Path) 
     chromium = shutil.which("chromium")
     if chromium is None:
         pytest.skip("Chromium is not installed (apt-get install chromium); the page is checked without a browser")
-    from pareto.html_report import write_report
+    from pareto.report.html import write_report
 
     index = Path(write_report(tmp_path / "r", study=STUDY, db=db)["index"])
     browser = [chromium, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]

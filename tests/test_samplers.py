@@ -5,8 +5,8 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from pareto.samplers import SAMPLERS, grid, make_sampler, range_points, space_size, suggest
 from pareto.spec import Range
+from pareto.study.samplers import SAMPLERS, grid, make_sampler, range_points, space_size, suggest
 
 SPACE = {
     "int8_dynamic": {},
@@ -52,7 +52,7 @@ def _toy(trial: optuna.Trial, flat: bool) -> tuple[float, float]:
 
 @pytest.mark.parametrize("name", SAMPLERS)
 def test_every_sampler_runs_a_constrained_two_objective_study(name: str) -> None:
-    from pareto.samplers import FLAT
+    from pareto.study.samplers import FLAT
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     study = optuna.create_study(
@@ -107,8 +107,8 @@ def test_a_drawn_backend_gets_only_the_techniques_that_run_on_it(flat: bool) -> 
 
 
 def test_a_start_point_outside_this_search_is_left_out_and_one_inside_is_one_configuration() -> None:
-    from pareto.samplers import start_trial
     from pareto.spec import StartPoint
+    from pareto.study.samplers import start_trial
 
     techniques = {"int8_dynamic": {}, "prune_structured": {"ratio": [0.25, 0.5]}}
     point = StartPoint(techniques={"prune_structured": {"ratio": 0.5}})
@@ -171,8 +171,8 @@ def test_pairs_this_install_cannot_run_are_never_drawn_and_the_grid_skips_them(
         names = {t.name for t in suggest(trial, [8], space, conflicts=pairs).techniques}
         assert not {"bf16", "int8_dynamic"} <= names
         study.tell(trial, 0.0)
-    from pareto.samplers import start_trial
     from pareto.spec import StartPoint
+    from pareto.study.samplers import start_trial
 
     both = StartPoint(techniques={"bf16": {}, "int8_dynamic": {}})
     assert start_trial(both, [8], space, ("eager",), pairs) is None

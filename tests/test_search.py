@@ -7,13 +7,13 @@ import pytest
 from sqlalchemy import select
 
 import pareto
-from pareto import _search as search_module
-from pareto import space_checks
-from pareto._search import Quiet, run_search
 from pareto.errors import BaselineFailed, NoFeasibleConfiguration, TechniqueError, UsageError
 from pareto.spec import SearchSpec
 from pareto.store.engine import open_engine, session_scope
 from pareto.store.models import Measurement, Trial
+from pareto.study import search as search_module
+from pareto.study import space_checks
+from pareto.study.search import Quiet, run_search
 
 SPACE = {
     "techniques": {
@@ -455,8 +455,8 @@ def test_continuing_with_another_sampler_says_so(db_url: str) -> None:
 
 
 def test_a_gpu_search_without_named_techniques_searches_the_gpus_levers() -> None:
-    from pareto.space_checks import space_for_device
     from pareto.spec import DEFAULT_CUDA_SPACE
+    from pareto.study.space_checks import space_for_device
 
     bare = SearchSpec.model_validate({"task": "demo"})
     on_gpu = space_for_device(bare, "cuda:0", Quiet().notice)

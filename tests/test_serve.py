@@ -22,8 +22,8 @@ import pytest
 
 import pareto
 from pareto._cli.cli import main
-from pareto._search import run_search
 from pareto.spec import SearchSpec
+from pareto.study.search import run_search
 from tests.conftest import POSTGRES_ENV, _postgres_database
 
 if TYPE_CHECKING:

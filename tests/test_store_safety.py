@@ -214,7 +214,7 @@ def test_a_study_name_the_database_cannot_hold_is_refused_up_front(
 
 def test_the_study_name_limits_agree() -> None:
     from pareto._cli.options import MAX_STUDY_NAME
-    from pareto._studies import MAX_STUDY_NAME as COLUMN_SIZE
+    from pareto.study.studies import MAX_STUDY_NAME as COLUMN_SIZE
 
     assert MAX_STUDY_NAME == COLUMN_SIZE
 
@@ -270,9 +270,9 @@ def test_writing_a_read_only_sqlite_file_is_refused_in_one_sentence(
 def test_two_first_runs_at_once_store_one_environment(db_url: str) -> None:
     # the second process's select found no row, the first's insert came before the second's: the
     # second's insert loses on the unique key and it takes the first's row
-    from pareto._runs import _stored_environment
     from pareto.measure.environment import fingerprint
     from pareto.store.models import Environment
+    from pareto.study.bench import _stored_environment
 
     fp = fingerprint("cpu", 1)
     other = open_engine(db_url)

@@ -16,10 +16,10 @@ import pytest
 from optuna.storages._rdb import models
 from sqlalchemy import select
 
-from pareto._studies import optuna_storage
-from pareto._workers import shares
 from pareto.store.engine import open_engine, session_scope, upgrade
 from pareto.store.models import Measurement, Trial
+from pareto.study.studies import optuna_storage
+from pareto.study.workers import shares
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--task", "tests.tiny_task:make_task", "--threads", "1", "--device", "cpu", "--warmup", "5"]
@@ -66,8 +66,8 @@ def test_workers_get_the_database_url_in_their_environment_not_their_command_lin
     # a command line is every user's to read (ps, /proc/PID/cmdline): a password there is a password shown
     import io
 
-    from pareto import _workers
     from pareto.spec import load_spec
+    from pareto.study import workers as _workers
 
     url = "postgresql+psycopg://pareto:s3cr3t-Pa55@db.example:5432/pareto"
     started: list[tuple[list[str], dict[str, str]]] = []

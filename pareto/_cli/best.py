@@ -25,6 +25,6 @@ def command(limits: Limits, db: str | None, as_json: bool) -> None:
     if as_json:
         print_json(pick)
         return
-    from pareto.report import best_card
+    from pareto.report.tables import best_card
 
     out.print(best_card(pick))

@@ -27,7 +27,7 @@ def command(device: str, threads: int | None, seconds: float, db: str | None, as
     if as_json:
         print_json(profile)
         return
-    from pareto.report import profile_table
+    from pareto.report.tables import profile_table
 
     out.print(profile_table([profile], title=f"Calibrated: {profile['description']}"))
     out.print(f"method: {profile['method']}", markup=False)

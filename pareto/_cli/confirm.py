@@ -48,6 +48,6 @@ def command(
     if as_json:
         print_json(result)
         return
-    from pareto.report import confirmation_table
+    from pareto.report.tables import confirmation_table
 
     out.print(confirmation_table(result))

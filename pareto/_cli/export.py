@@ -35,7 +35,7 @@ def command(
     The artifact is checked before it is kept: loaded in a fresh Python process without pareto, its
     outputs on the task's example input must match the compressed model's. The database is only read.
     """
-    from pareto.export import export
+    from pareto.export.bundle import export
 
     result = export(limits, out_dir=output, trial=trial, best=use_best, force=force, db=db)
     for warning in result.warnings:

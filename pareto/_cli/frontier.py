@@ -26,7 +26,7 @@ def command(limits: Limits, db: str | None, as_json: bool) -> None:
     if as_json:
         print_json(front)
         return
-    from pareto.report import frontier_table
+    from pareto.report.tables import frontier_table
 
     groups: dict[str, list[dict[str, Any]]] = {}
     for row in front:

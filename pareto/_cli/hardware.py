@@ -17,6 +17,6 @@ def command(as_json: bool) -> None:
     if as_json:
         print_json(profiles)
         return
-    from pareto.report import profile_table
+    from pareto.report.tables import profile_table
 
     out.print(profile_table(profiles, title="Hardware profiles (configs/hardware; dense peaks)"))

@@ -19,6 +19,6 @@ def command(study: str | None, db: str | None, as_json: bool) -> None:
     if as_json:
         print_json(rows)
         return
-    from pareto.report import history_table
+    from pareto.report.tables import history_table
 
     out.print(history_table(rows))

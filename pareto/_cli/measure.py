@@ -114,7 +114,7 @@ def command(
     if as_json:
         print_json(card)
         return
-    from pareto.report import measure_card
+    from pareto.report.tables import measure_card
 
     out.print(measure_card(card))
     for note in notes:
@@ -133,6 +133,6 @@ def _remeasure(
     if as_json:
         print_json(card)
         return
-    from pareto.report import remeasure_card
+    from pareto.report.tables import remeasure_card
 
     out.print(remeasure_card(card))

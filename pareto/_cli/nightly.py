@@ -24,7 +24,7 @@ def command(
 ) -> int:
     """Re-measure a study's pick and frontier, search on, report regressions (exit 3) and keep history."""
     from pareto.api import nightly as run
-    from pareto.report import ProgressReporter
+    from pareto.report.tables import ProgressReporter
     from pareto.spec import load_nightly
 
     overrides = {"study": study, "task": task, "nightly.time_budget": time_budget}
@@ -34,7 +34,7 @@ def command(
     if as_json:
         print_json(result.summary)
     else:
-        from pareto.report import nightly_card
+        from pareto.report.tables import nightly_card
 
         out.print(nightly_card(result.summary))
     err.print(f"Summary written to {result.markdown_path} and {result.json_path}.", markup=False)

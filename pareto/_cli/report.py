@@ -31,7 +31,7 @@ def command(limits: Limits, out_dir: Path, force: bool, db: str | None) -> None:
     The page (DIR/index.html) needs nothing but the PNGs beside it; nothing in the database changes.
     Needs matplotlib: pip install 'pareto-slo[report]'.
     """
-    from pareto.html_report import write_report
+    from pareto.report.html import write_report
 
     result = write_report(out_dir, limits, force=force, db=db)
     if result["note"]:

@@ -24,6 +24,6 @@ def command(task: str, hardware: str, batch_size: int | None, device: str, db: s
     if as_json:
         print_json(result)
         return
-    from pareto.report import roofline_table
+    from pareto.report.tables import roofline_table
 
     out.print(roofline_table(result))

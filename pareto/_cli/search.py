@@ -22,7 +22,7 @@ from pareto._cli.options import (
 from pareto.naming import BACKENDS, SAMPLER_HELP, SamplerName
 
 if TYPE_CHECKING:
-    from pareto.search_result import SearchResult
+    from pareto.study.result import SearchResult
 
 
 @click.command("search")
@@ -123,7 +123,7 @@ def command(
     spec = load_stored_spec(spec_json) if spec_json else load_spec(config_path, overrides)
     if flags["no_guard"]:
         spec = spec.model_copy(update={"measure": spec.measure.model_copy(update={"contention_limit": None})})
-    from pareto.report import ProgressReporter
+    from pareto.report.tables import ProgressReporter
 
     with ProgressReporter(err, enabled=as_worker or not as_json) as reporter:
         result = run(spec, db=db, reporter=reporter, workers=workers)
@@ -162,7 +162,7 @@ _SPEC_FLAGS = {
 
 
 def _print_search(result: SearchResult) -> None:
-    from pareto.report import best_card, confirmation_table, frontier_table
+    from pareto.report.tables import best_card, confirmation_table, frontier_table
 
     if result.interrupted:
         err.print(

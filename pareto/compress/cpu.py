@@ -15,7 +15,7 @@ from __future__ import annotations
 #: The techniques whose speed on a CPU turns on its int8 instructions.
 INT8 = ("int8_dynamic", "int8_static", "ort_int8_dynamic", "ort_int8_static")
 #: The CPU's levers: what its instructions decide the speed of. Before a search on a CPU each one in the
-#: space is timed beside float32 on a layer of the task's widths (``pareto.space_checks``).
+#: space is timed beside float32 on a layer of the task's widths (``pareto.study.space_checks``).
 LEVERS = ("bf16", "fp16", *INT8)
 
 

@@ -9,7 +9,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from pareto.errors import NotFound, UsageError
-from pareto.frontier import DEFAULT_OBJECTIVE_NAMES, Candidate, Constraints
+from pareto.front import DEFAULT_OBJECTIVE_NAMES, Candidate, Constraints
 from pareto.metrics import Metrics
 from pareto.store.models import (
     Environment,
@@ -227,7 +227,7 @@ def _baselines(
 def best_candidate(
     session: Session, study: Study, environment: Environment, constraints: Constraints
 ) -> Candidate | None:
-    """The pick ``pareto.frontier.select_best`` would make among ``candidates(...)``, found by the
+    """The pick ``pareto.front.select_best`` would make among ``candidates(...)``, found by the
     database: the feasible preferred measurements filtered and ordered in SQL, one row read.
 
     None when nothing is feasible (then ``closest_candidate`` says what is nearest).
@@ -253,7 +253,7 @@ def best_candidate(
 
 
 def _feasible(constraints: Constraints) -> list[Any]:
-    """``pareto.frontier.evaluate``'s feasibility as SQL conditions (conservative bounds, fewest samples)."""
+    """``pareto.front.evaluate``'s feasibility as SQL conditions (conservative bounds, fewest samples)."""
     conditions: list[Any] = []
     if constraints.p99_ms is not None:
         conditions += [

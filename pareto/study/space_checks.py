@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from pareto._runs import Bench
+    from pareto.study.bench import Bench
     from pareto.task import Task
 
 Techniques = dict[str, dict[str, Any]]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from pareto.errors import UsageError
-from pareto.frontier import Candidate
+from pareto.front import Candidate
 from pareto.slo import DEFAULT_ROUNDS, MIN_CONFIDENCE
 from pareto.store.engine import resolve_url
 
@@ -39,10 +39,10 @@ def measure_beside_baseline(
         OutOfMemory: building, warming, timing or evaluating ran out of device memory: one sentence
             naming the configuration, the device and the batch, with the device's memory freed.
     """
-    from pareto._runs import open_bench
-    from pareto.assess import device_memory, preflight
     from pareto.compress import Config, why_not_here
     from pareto.locks import gpu_work
+    from pareto.study.assess import device_memory, preflight
+    from pareto.study.bench import open_bench
 
     bench = open_bench(resolve_url(db), task, settings, read_only=True)
     reason = why_not_here(config, bench.task, bench.device)
@@ -58,10 +58,10 @@ def measure_beside_baseline(
 def _measured(bench: Any, config: Any, base_config: Any, settings: Any, p99_ms: float | None) -> dict[str, Any]:
     """``measure_beside_baseline``'s work, in a frame of its own: once an error has left it, its
     models can be let go of."""
-    from pareto._runs import time_together
-    from pareto.assess import complete, device_memory, round_plan
     from pareto.measure.environment import environment_key
     from pareto.measure.memory import theoretical_bytes
+    from pareto.study.assess import complete, device_memory, round_plan
+    from pareto.study.bench import time_together
 
     timed = time_together(bench, [config, base_config], plan=round_plan(settings, p99_ms), probe=bench.probe())
     common = dict(
@@ -92,7 +92,7 @@ def _measured(bench: Any, config: Any, base_config: Any, settings: Any, p99_ms: 
 
 def _with_speedups(metrics: dict[str, Any], baseline: dict[str, Any], p99_ms: float | None) -> dict[str, Any]:
     """Speedups and accuracy change over a baseline measured in the same rounds, and the P99 verdict."""
-    from pareto.frontier import p99_verdict
+    from pareto.front import p99_verdict
 
     metrics = dict(metrics)
     metrics["speedup_p50"] = baseline["latency_p50_ms"] / metrics["latency_p50_ms"]
@@ -117,7 +117,10 @@ def remeasure_trial(
     device: str | None,
 ) -> dict[str, Any]:
     """Time a stored trial (number, row id) and the baseline in interleaved rounds; store; compare."""
-    from pareto._runs import (
+    from pareto.compress import Config, why_not_here
+    from pareto.metrics import FIELD_NAMES, Metrics
+    from pareto.study.assess import remeasured, round_plan
+    from pareto.study.bench import (
         baseline_trial,
         finish_run,
         open_bench,
@@ -126,9 +129,6 @@ def remeasure_trial(
         stored_metrics,
         time_together,
     )
-    from pareto.assess import remeasured, round_plan
-    from pareto.compress import Config, why_not_here
-    from pareto.metrics import FIELD_NAMES, Metrics
 
     settings = _method_of(stored[0], device)
     bench = open_bench(url, task, settings, with_profile=False)
@@ -175,7 +175,7 @@ def _remeasure_card(
     fingerprint: dict[str, Any],
     notes: list[str],
 ) -> dict[str, Any]:
-    from pareto.frontier import p99_verdict
+    from pareto.front import p99_verdict
 
     metrics = _with_speedups(now.to_dict(), base_now.to_dict(), p99_ms)
     if base_now is now:

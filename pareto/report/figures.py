@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pareto.errors import UsageError
-from pareto.html_data import Ceilings, ReportData, escape, trial_status
 from pareto.metrics import METHOD_SEPARATOR
+from pareto.report.data import Ceilings, ReportData, escape, trial_status
 from pareto.units import format_ms
 
 if TYPE_CHECKING:

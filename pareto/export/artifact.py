@@ -1,8 +1,8 @@
-"""Rebuild a stored trial's compressed model and serialize it: the artifact ``pareto.export`` writes.
+"""Rebuild a stored trial's compressed model and serialize it: the artifact ``pareto.export.bundle`` writes.
 
 torch.export first (the batch dimension dynamic where it allows), TorchScript when torch.export cannot
 trace the model or holds torch.ao's eager int8 Linear, the ONNX graph itself for a configuration ONNX
-Runtime serves. ``pareto.export``'s docstring says what each technique becomes.
+Runtime serves. ``pareto.export.bundle``'s docstring says what each technique becomes.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from pareto.compress import Config, Served
-    from pareto.export import Selection
+    from pareto.export.bundle import Selection
     from pareto.task import Task
 
 TORCH_EXPORT = "torch.export"
@@ -50,7 +50,7 @@ _INT8_EAGER = (
 
 
 def rebuild(selection: Selection, task: Task, config: Config, device: str) -> Served:
-    """The compressed model, built as the measurement built it (``pareto.assess.build``'s call)."""
+    """The compressed model, built as the measurement built it (``pareto.study.assess.build``'s call)."""
     from pareto.compress import apply, why_not_here
 
     why = why_not_here(config, task, device)

@@ -201,7 +201,7 @@ def build(bench: Bench, config: Config) -> Built:
     Raises:
         TechniqueError: the configuration broke the model (the reason is kept for the trial).
     """
-    from pareto.assess import build_served
+    from pareto.study.assess import build_served
 
     served, compress_s = build_served(bench.task, config, bench.device, bench.threads)
     return Built(config, served, compress_s)
@@ -239,13 +239,13 @@ def time_beside(
     rounds: the nightly's frozen reference workload. Returns the configurations' results and theirs.
 
     Raises:
-        OutOfMemory: (``pareto.assess.device_memory``) a configuration ran out of device memory while
+        OutOfMemory: (``pareto.study.assess.device_memory``) a configuration ran out of device memory while
             it was built (the sentence names it) or while they were warmed and timed (it names those
             timed together), with the device and the batch; the models built here are let go of and
             the device's cached memory is freed before it is raised.
     """
-    from pareto.assess import device_memory
     from pareto.locks import gpu_work
+    from pareto.study.assess import device_memory
 
     with gpu_work(bench.device, what="configurations timed together"), device_memory(configs, bench.device):
         return _build_and_time(bench, configs, beside, plan=plan, probe=probe, seed=seed)
@@ -261,8 +261,8 @@ def _build_and_time(
     seed: int | None,
 ) -> tuple[list[tuple[Built, LatencyResult]], list[LatencyResult]]:
     """``time_beside``'s work, in a frame of its own: once an error has left it, its models can be let go of."""
-    from pareto.assess import device_memory
     from pareto.measure.latency import Timed, measure_interleaved
+    from pareto.study.assess import device_memory
 
     built: dict[str, Built] = {}
     for config in configs:
@@ -286,9 +286,9 @@ def retime_baseline(
 ) -> None:
     """Time the uncompressed model at ``batch_size`` again for this run's speedups (its trial ``trial_id``),
     stored as a "baseline" measurement; said in one line, as is a machine too busy to time it."""
-    from pareto.assess import remeasured, round_plan
     from pareto.compress import Config
     from pareto.errors import MachineBusy
+    from pareto.study.assess import remeasured, round_plan
 
     stored = stored_metrics(bench, trial_id)
     assert stored is not None

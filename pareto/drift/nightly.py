@@ -5,12 +5,12 @@ One job, for one study, holding the study's nightly lock (``pareto.locks.study_l
 1. marks any nightly of the study still "running" as interrupted (its process died: the lock is ours);
 2. compares this environment with the last nightly's, and says what changed;
 3. re-measures the pick and the frontier of the last environment in interleaved rounds with the
-   baseline and the study's frozen reference, here (``pareto.confirmation.confirm``): stored as
+   baseline and the study's frozen reference, here (``pareto.study.confirmation.confirm``): stored as
    confirmations of this environment;
 4. compares each with its level over past nights with the machine's drift taken out, against the
-   noise band the study's history shows (``pareto._nightly_drift``, ``pareto.regression``), and looks
+   noise band the study's history shows (``pareto.drift.history``, ``pareto.drift.regression``), and looks
    for a change point in the pick's series;
-5. spends the rest of its time budget on new trials (``pareto._search.run_search``);
+5. spends the rest of its time budget on new trials (``pareto.study.search.run_search``);
 6. writes a Markdown and a JSON summary, and the history row ``pareto history`` shows.
 
 The pick is the last nightly's pick, what the team serves, while it is stored; it moves to the best
@@ -39,12 +39,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from pareto._nightly_drift import BenchReferences, Measured, NightDrift, drift_lines, whose
-from pareto._signals import handled
+from pareto.drift.history import BenchReferences, Measured, NightDrift, drift_lines, whose
+from pareto.drift.regression import Comparison, compare, compare_corrected, not_compared
 from pareto.errors import UsageError
-from pareto.frontier import Candidate, Constraints, best_or_none, frontier, objective_metrics
+from pareto.front import Candidate, Constraints, best_or_none, frontier, objective_metrics
 from pareto.locks import study_lock
-from pareto.regression import Comparison, compare, compare_corrected, not_compared
+from pareto.signals import handled
 from pareto.spec import NightlySettings, SearchSpec
 from pareto.store import queries, trials
 from pareto.store.engine import check_path, open_engine, session_scope, upgrade
@@ -155,7 +155,7 @@ class _Job:
         self.spec, self.settings, self.db_url, self.engine = spec, settings, db_url, engine
         self.notice, self.reporter, self.started = notice, reporter, started
         self.terminated = terminated
-        from pareto._search import constraints_of
+        from pareto.study.search import constraints_of
 
         self.constraints: Constraints = constraints_of(spec)
         self.summary: dict[str, Any] = {"study": spec.study_name, "task": spec.task}
@@ -164,7 +164,7 @@ class _Job:
         self.runs: list[int] = []
 
     def run(self) -> NightlyResult:
-        from pareto._runs import open_bench
+        from pareto.study.bench import open_bench
         from pareto.task import load_task
 
         bench = open_bench(self.db_url, load_task(self.spec.task), self.spec.measure)
@@ -240,7 +240,7 @@ class _Job:
 
     def _open_history(self, bench: Any) -> tuple[int, int, int | None]:
         """Mark dead jobs interrupted, find the environment compared with, and start this job's row."""
-        from pareto._studies import get_or_create_study
+        from pareto.study.studies import get_or_create_study
 
         with session_scope(self.engine) as session:
             study = get_or_create_study(session, self.spec)
@@ -330,7 +330,7 @@ class _Job:
         self, bench: Any, study_id: int, pick: Candidate | None, front: list[Candidate], label: str
     ) -> tuple[list[Comparison], bool]:
         """Re-measure the pick and the frontier here, with the baseline and the reference; compare with before."""
-        from pareto.confirmation import confirm
+        from pareto.study.confirmation import confirm
 
         chosen = ([pick] if pick else []) + [c for c in front if pick is None or c.trial != pick.trial]
         chosen = chosen[: 1 + self.settings.remeasure_top]
@@ -443,7 +443,7 @@ class _Job:
 
     def _measure_new_pick(self, bench: Any, study_id: int, pick: Candidate | None) -> None:
         """A pick found tonight is measured beside the reference now, so tomorrow compares it drift-corrected."""
-        from pareto.confirmation import confirm
+        from pareto.study.confirmation import confirm
 
         if pick is None or any(m.trial == pick.trial for m in self.drift.measured):
             return
@@ -477,7 +477,7 @@ class _Job:
 
     def _search_on(self) -> tuple[int, bool]:
         """New trials for the time left."""
-        from pareto._search import run_search
+        from pareto.study.search import run_search
 
         left_s = self.settings.time_budget / 1000 - (time.monotonic() - self.started)
         if left_s < MIN_SEARCH_S:
@@ -526,7 +526,7 @@ class _Job:
 def _load(bench: Any, study_id: int, env_id: int | None, *, promoted: list[int] | None = None) -> list[Candidate]:
     """The study's candidates in ``env_id``; with ``promoted``, as they will be once those runs' held
     measurements are promoted (read in a transaction that is rolled back: nothing changes yet)."""
-    from pareto.confirmation import load_candidates
+    from pareto.study.confirmation import load_candidates
 
     if env_id is None:
         return []

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pareto.errors import NoFeasibleConfiguration, UsageError
-from pareto.frontier import DEFAULT_OBJECTIVE_NAMES, Constraints, evaluate
+from pareto.front import DEFAULT_OBJECTIVE_NAMES, Constraints, evaluate
 from pareto.limits import Limits
 
 

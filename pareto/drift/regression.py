@@ -3,7 +3,7 @@
 **Drift-corrected** (``compare_corrected``): the nightly times a frozen reference workload in the same
 rounds; the configuration's P50 and P99 over the reference's, tonight, are compared with those ratios'
 levels over past nights, and it is called slower when the P50's is above the noise band learned from
-the study's history (``pareto.drift``); a P99 or an SLO that moved alone makes the night no verdict.
+the study's history (``pareto.drift.stats``); a P99 or an SLO that moved alone makes the night no verdict.
 The baseline's own ratio says whether the model got slower or this configuration.
 
 **Absolute** (``compare``), for a configuration with no drift-corrected history yet: the rule
@@ -24,8 +24,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from pareto.drift import NoiseBand
-from pareto.frontier import p99_verdict
+from pareto.drift.stats import NoiseBand
+from pareto.front import p99_verdict
 
 #: A P99 must grow by more than this factor to count as slower. asv's default is 1.1, for a dedicated
 #: benchmark machine; between two nightlies on a shared 2-core cloud VM the same configuration's P99
@@ -161,14 +161,14 @@ def compare_corrected(
     noise band; a P99 above its band with the P50 at its level is no verdict.
 
     ``ratios`` holds, for "p50" and "p99", (statistic / the reference's) tonight over the
-    configuration's level of that ratio (``pareto._nightly_drift``); ``baseline_ratios`` the baseline's,
+    configuration's level of that ratio (``pareto.drift.history``); ``baseline_ratios`` the baseline's,
     which say whether the whole model got slower (the baseline too) or this configuration alone.
 
     A model that got slower is slower at every quantile, and its P50 shows it against a band a few
     per cent wide. A P99 that grew while the P50 did not is what a neighbour's load does to one night
     on a shared machine as well as what a tail regression does; one night cannot tell them apart, so
     such a night, or an SLO missed on it, is no verdict (``inconclusive``), and a tail that stays
-    shows as a change point over the nights (``pareto.drift``).
+    shows as a change point over the nights (``pareto.drift.stats``).
     """
     over = [s for s in ("p50", "p99") if ratios[s] > bands[s].threshold]
     slower = "p50" in over

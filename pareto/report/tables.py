@@ -17,9 +17,9 @@ from pareto.naming import describe_config
 from pareto.units import format_bytes, format_ms
 
 if TYPE_CHECKING:
-    from pareto._search import TrialOutcome
-    from pareto.confirmation import ConfirmResult
-    from pareto.frontier import Candidate
+    from pareto.front import Candidate
+    from pareto.study.confirmation import ConfirmResult
+    from pareto.study.search import TrialOutcome
 
 
 def _ratio(value: float | None) -> str:
@@ -515,8 +515,8 @@ def _environment(env: dict[str, Any]) -> str:
 
 def nightly_card(summary: dict[str, Any]) -> Group:
     """A nightly job's outcome: status, environment changes, re-measured configurations, pick before and after."""
-    from pareto._nightly import corrected_text
-    from pareto._nightly_drift import drift_lines
+    from pareto.drift.history import drift_lines
+    from pareto.drift.nightly import corrected_text
 
     style = {"ok": "green", "regression": "bold red", "noisy": "yellow"}.get(summary["status"], "yellow")
     parts: list[Any] = [Text(f"Nightly of study {summary['study']!r}: {summary['status']}", style=style)]

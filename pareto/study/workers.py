@@ -24,8 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from pareto._runs import finish_run, start_run
-from pareto._search import (
+from pareto.errors import UsageError
+from pareto.spec import SearchSpec
+from pareto.study.bench import finish_run, start_run
+from pareto.study.result import SearchResult
+from pareto.study.search import (
     Reporter,
     confirm_search,
     enqueue_baselines,
@@ -34,9 +37,6 @@ from pareto._search import (
     prepare,
     search_result,
 )
-from pareto.errors import UsageError
-from pareto.search_result import SearchResult
-from pareto.spec import SearchSpec
 
 #: The most local workers: beyond a few per core they only queue for the timing lock.
 MAX_WORKERS = 64

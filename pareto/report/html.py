@@ -1,8 +1,8 @@
 """`pareto report`: one study as a self-contained HTML page with PNG figures beside it.
 
 The page reads the database only (``pareto.api``'s ``trials``, ``frontier``, ``best`` and ``studies``,
-plus the host's calibration for the roofline ceilings: ``pareto.html_data``) and changes nothing in it.
-Figures are drawn with matplotlib's Agg canvas (no display, no pyplot state: ``pareto.html_figures``);
+plus the host's calibration for the roofline ceilings: ``pareto.report.data``) and changes nothing in it.
+Figures are drawn with matplotlib's Agg canvas (no display, no pyplot state: ``pareto.report.figures``);
 the page needs no script, stylesheet or font from anywhere else.
 """
 
@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from pareto.errors import ParetoError, UsageError
-from pareto.html_data import ReportData, escape, load_data, trial_status
-from pareto.html_figures import ReportFigure, draw_all
 from pareto.limits import Limits
 from pareto.measure.environment import describe_cpu_features
 from pareto.metrics import METHOD_SEPARATOR
 from pareto.naming import describe_config
+from pareto.report.data import ReportData, escape, load_data, trial_status
+from pareto.report.figures import ReportFigure, draw_all
 from pareto.units import format_bytes, format_ms
 
 #: What to install when matplotlib is missing.

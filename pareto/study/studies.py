@@ -15,7 +15,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from pareto.errors import StoreError, UsageError, message_line
-from pareto.frontier import DEFAULT_OBJECTIVE_NAMES, objective_metrics
+from pareto.front import DEFAULT_OBJECTIVE_NAMES, objective_metrics
 from pareto.spec import SearchSpec
 from pareto.store import queries, trials
 from pareto.store.engine import (

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pareto.confirmation import ConfirmResult
-from pareto.frontier import Candidate, Constraints
+from pareto.front import Candidate, Constraints
+from pareto.study.confirmation import ConfirmResult
 
 
 @dataclass

@@ -15,20 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pareto._runs import (
-    Bench,
-    RunHandle,
-    baseline_trial,
-    finish_run,
-    guard_summary,
-    start_run,
-    store_measurement,
-    stored_metrics,
-    time_beside,
-)
 from pareto.compress import Config, why_not_here
 from pareto.errors import MachineBusy, NoFeasibleConfiguration, UsageError
-from pareto.frontier import (
+from pareto.front import (
     DEFAULT_OBJECTIVE_NAMES,
     Candidate,
     Constraints,
@@ -44,6 +33,17 @@ from pareto.slo import P99_BOUND_METRIC
 from pareto.store import queries
 from pareto.store.engine import session_scope
 from pareto.store.models import Environment, Study, Trial
+from pareto.study.bench import (
+    Bench,
+    RunHandle,
+    baseline_trial,
+    finish_run,
+    guard_summary,
+    start_run,
+    store_measurement,
+    stored_metrics,
+    time_beside,
+)
 
 if TYPE_CHECKING:
     from pareto.measure.latency import LatencyResult, Timed
@@ -166,7 +166,7 @@ def confirm(
     ``reference`` (the nightly's frozen workload) is timed in the same rounds and reported, not stored.
     ``held``: stored but not answered from until promoted (``pareto.store.trials.promote``: the nightly's).
     """
-    from pareto.assess import round_plan
+    from pareto.study.assess import round_plan
 
     with session_scope(bench.engine) as session:
         study = session.get(Study, study_id)
@@ -240,7 +240,7 @@ def _record(
     constraints: Constraints,
     held: bool,
 ) -> ConfirmedItem:
-    from pareto.assess import remeasured
+    from pareto.study.assess import remeasured
 
     trial_id, pick, stored, config = entry
     before = stored.to_dict()

@@ -15,31 +15,8 @@ from typing import Any, Protocol
 import optuna
 from optuna.trial import TrialState
 
-from pareto._runs import (
-    Bench,
-    RunHandle,
-    baseline_trial,
-    finish_run,
-    measurement_row,
-    open_bench,
-    retime_baseline,
-    start_run,
-    wait_for_quiet,
-)
-from pareto._signals import StopOnInterrupt
-from pareto._studies import (
-    adopt_stored_objectives,
-    directions,
-    fail_stale_trials,
-    get_or_create_study,
-    optuna_storage,
-    stored_sampler,
-)
-from pareto.assess import Rejected, assess, preflight
-from pareto.claims import Claims, Twin
 from pareto.compress import BACKENDS, Backend, Config, backend_reason
 from pareto.compress.base import Pairs, install_conflicts
-from pareto.confirmation import ConfirmResult, confirm_pick, load_candidates
 from pareto.errors import (
     BaselineFailed,
     MachineBusy,
@@ -51,7 +28,7 @@ from pareto.errors import (
     Transient,
     UsageError,
 )
-from pareto.frontier import (
+from pareto.front import (
     Candidate,
     Constraints,
     best_or_none,
@@ -64,14 +41,37 @@ from pareto.frontier import (
 )
 from pareto.limits import Limits
 from pareto.locks import gpu_work
-from pareto.samplers import FLAT, failed_values, failure_gaps, make_sampler, space_size, start_trial, suggest
-from pareto.samplers import grid as grid_of
-from pareto.search_result import SearchResult, TrialOutcome
-from pareto.space_checks import available_techniques, space_for_device, steer_space
+from pareto.signals import StopOnInterrupt
 from pareto.spec import SearchSpec
 from pareto.store import queries, trials
 from pareto.store.engine import check_path, session_scope
 from pareto.store.models import Environment, Study, Trial, utcnow
+from pareto.study.assess import Rejected, assess, preflight
+from pareto.study.bench import (
+    Bench,
+    RunHandle,
+    baseline_trial,
+    finish_run,
+    measurement_row,
+    open_bench,
+    retime_baseline,
+    start_run,
+    wait_for_quiet,
+)
+from pareto.study.claims import Claims, Twin
+from pareto.study.confirmation import ConfirmResult, confirm_pick, load_candidates
+from pareto.study.result import SearchResult, TrialOutcome
+from pareto.study.samplers import FLAT, failed_values, failure_gaps, make_sampler, space_size, start_trial, suggest
+from pareto.study.samplers import grid as grid_of
+from pareto.study.space_checks import available_techniques, space_for_device, steer_space
+from pareto.study.studies import (
+    adopt_stored_objectives,
+    directions,
+    fail_stale_trials,
+    get_or_create_study,
+    optuna_storage,
+    stored_sampler,
+)
 from pareto.task import load_task
 
 #: After a trial the contention guard gave up on, wait this long at most for the machine to quiet
@@ -251,7 +251,7 @@ def optuna_study(setup: SearchSetup, db_url: str) -> optuna.Study:
 
 def preflight_baseline(setup: SearchSetup, study: optuna.Study) -> None:
     """Before any trial: the uncompressed model built on the device, run at every batch size, evaluated
-    once and counted once (``pareto.assess.preflight``). When that fails, the baseline is stored as one
+    once and counted once (``pareto.study.assess.preflight``). When that fails, the baseline is stored as one
     FAILED trial with the reason, in Optuna's table and in pareto's, and the search stops.
 
     Raises:
@@ -640,7 +640,7 @@ class _Objective:
 
     def _start(self, trial: optuna.Trial, config: Config, replacing: int | None = None) -> tuple[int, Twin | None]:
         """Claim ``config`` here for this trial (its row RUNNING), or answer it from its twin: measured,
-        broken or rejected early here, or measured by another worker meanwhile (``pareto.claims``)."""
+        broken or rejected early here, or measured by another worker meanwhile (``pareto.study.claims``)."""
         claims = Claims(self.bench.engine, self.setup.study_id, self.bench.env_id, self.setup.spec.slo.p99_ms)
         try:
             return claims.claim(
@@ -686,7 +686,7 @@ class _Objective:
         return self._infeasible(trial, self.last)
 
     def _infeasible(self, trial: optuna.Trial, outcome: TrialOutcome) -> tuple[float, ...]:
-        """Tell the sampler that ``outcome``'s configuration cannot run here (``pareto.samplers.failed_values``,
+        """Tell the sampler that ``outcome``'s configuration cannot run here (``pareto.study.samplers.failed_values``,
         ``failure_gaps``), marked ``pareto_failed`` for Optuna's tools."""
         self.last = outcome
         values = failed_values(trial.study, len(self.setup.spec.objectives))

@@ -1,7 +1,7 @@
 """Export a stored trial's compressed model in a format a serving stack loads without pareto.
 
 The trial's configuration is read from the database (only read), applied to the study's task as the
-measurement applied it (``pareto.compress.apply``, the call ``pareto.assess.build`` makes, on the
+measurement applied it (``pareto.compress.apply``, the call ``pareto.study.assess.build`` makes, on the
 measured device when this machine has it, else the CPU), serialized, loaded back in a fresh Python
 process that imports torch and no pareto module, and run on the task's example input at the measured
 batch size; its outputs must match the compressed model's (``torch.testing.assert_close``). Only then
@@ -70,9 +70,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pareto.errors import UsageError
-from pareto.export_artifact import ARTIFACT_NAMES, ONNX, TORCH_EXPORT, TORCHSCRIPT, Artifact, rebuild, serialize
-from pareto.export_check import CHECK_TIMEOUT_S, max_abs_diff, reload_check
-from pareto.export_manifest import (
+from pareto.export.artifact import ARTIFACT_NAMES, ONNX, TORCH_EXPORT, TORCHSCRIPT, Artifact, rebuild, serialize
+from pareto.export.check import CHECK_TIMEOUT_S, max_abs_diff, reload_check
+from pareto.export.manifest import (
     ENVIRONMENT_FIELDS,
     MANIFEST,
     MANIFEST_VERSION,
@@ -84,7 +84,7 @@ from pareto.export_manifest import (
 from pareto.limits import Limits
 
 if TYPE_CHECKING:
-    from pareto.frontier import Candidate
+    from pareto.front import Candidate
 
 __all__ = [
     "ARTIFACT_NAMES",

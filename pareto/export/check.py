@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pareto.errors import ParetoError, exception_line
-from pareto.export_artifact import ONNX, TORCH_EXPORT, TORCHSCRIPT, Artifact
+from pareto.export.artifact import ONNX, TORCH_EXPORT, TORCHSCRIPT, Artifact
 
 if TYPE_CHECKING:
     from torch import nn
 
     from pareto.compress import Config
-    from pareto.export import Selection
+    from pareto.export.bundle import Selection
     from pareto.task import Task
 
 #: Seconds the fresh process may take to import torch, load the artifact and run it.

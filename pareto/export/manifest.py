@@ -9,13 +9,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pareto.export_artifact import ONNX, TORCH_EXPORT, TORCHSCRIPT, Artifact
-from pareto.export_check import tensors
+from pareto.export.artifact import ONNX, TORCH_EXPORT, TORCHSCRIPT, Artifact
+from pareto.export.check import tensors
 
 if TYPE_CHECKING:
     from pareto.compress import Config
-    from pareto.export import Selection
-    from pareto.frontier import Candidate
+    from pareto.export.bundle import Selection
+    from pareto.front import Candidate
 
 MANIFEST = "manifest.json"
 #: Bumped when a manifest field changes meaning.
