@@ -467,7 +467,8 @@ def test_search_stores_the_four_axes_and_optimizes_three_objectives(tmp_path: Pa
     assert pick["slo"]["min_throughput_per_s"] == 10.0
     studies = {s["study"]: s for s in pareto.studies(db=db)}
     assert studies["axes"]["objectives"] == ["accuracy", "p99", "memory"]
-    from pareto.measure.environment import describe_cpu_features, host_cpu
+    from pareto.machine import describe_cpu_features
+    from pareto.measure.environment import host_cpu
 
     features = host_cpu()[0]  # the CPU's kernel features in words, where /proc/cpuinfo lists them
     assert studies["axes"]["cpu_kernels"] == ([describe_cpu_features(features)] if features else [])

@@ -7,7 +7,8 @@ import os
 import pytest
 import torch
 
-from pareto.measure.environment import KEY_FIELDS, environment_key, fingerprint
+from pareto.machine import KEY_FIELDS, environment_key
+from pareto.measure.environment import fingerprint
 
 
 def test_fingerprint_keys_and_stable_key() -> None:
@@ -89,7 +90,7 @@ def _fingerprint_on(monkeypatch: pytest.MonkeyPatch, cpuinfo: str) -> dict[str, 
 
 
 def test_cpus_with_other_kernel_features_never_share_an_environment_key(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pareto.measure.environment import describe_cpu_features
+    from pareto.machine import describe_cpu_features
 
     new, old = _fingerprint_on(monkeypatch, SAPPHIRE_RAPIDS), _fingerprint_on(monkeypatch, CASCADE_LAKE)
     assert new["cpu_model"] == old["cpu_model"] and new["hostname"] == old["hostname"]

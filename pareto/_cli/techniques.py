@@ -40,7 +40,8 @@ def command(device: str, task: str | None, as_json: bool) -> None:
         )
     out.print(table)
     if any(t.get("on_this_cpu") for t in listing):  # judged on the CPU
-        from pareto.measure.environment import describe_cpu_features, host_cpu
+        from pareto.machine import describe_cpu_features
+        from pareto.measure.environment import host_cpu
 
         features, capability = host_cpu()
         out.print(f"This CPU: {describe_cpu_features(features)}; torch dispatches its own kernels at {capability}.")

@@ -242,7 +242,8 @@ def _export(selection: Selection, target: Path, staging: Path, fresh_process: bo
 
     from pareto.compress import Config
     from pareto.devices import device_here, on_device
-    from pareto.measure.environment import environment_key, fingerprint
+    from pareto.machine import environment_key
+    from pareto.measure.environment import fingerprint
     from pareto.task import load_task
 
     candidate = selection.candidate

@@ -44,13 +44,13 @@ _EXPORTS = {
     "ThroughputPoint": "throughput",
     "default_batch_sweep": "throughput",
     "throughput_curve": "throughput",
-    "HardwareProfile": "roofline",
+    "HardwareProfile": "pareto.machine",
     "achieved_fraction": "roofline",
     "list_profiles": "roofline",
     "load_profile": "roofline",
     "regime": "roofline",
     "roofline_bound_ms": "roofline",
-    "environment_key": "environment",
+    "environment_key": "pareto.machine",
     "fingerprint": "environment",
 }
 
@@ -61,4 +61,4 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'pareto.measure' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"pareto.measure.{module}"), name)
+    return getattr(importlib.import_module(module if "." in module else f"pareto.measure.{module}"), name)

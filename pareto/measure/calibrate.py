@@ -35,8 +35,8 @@ import torch
 
 from pareto.devices import resolve_device
 from pareto.errors import UsageError
+from pareto.machine import HardwareProfile
 from pareto.measure.environment import fingerprint
-from pareto.measure.roofline import HardwareProfile
 
 _TARGET_CALL_S = 0.02
 _GROWTH_GAIN = 1.2

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import platform
 import re
@@ -13,30 +12,11 @@ from typing import Any
 
 from pareto.errors import UsageError
 
-#: Fields that must match for two measurements to be comparable in one frontier. ``hostname`` holds the
-#: host's identity (``host_id``): ``PARETO_HOST_ID`` where set, else the hostname.
-KEY_FIELDS = ("device_name", "driver", "torch_version", "cpu_model", "threads", "hostname")
 #: Names one machine across the processes that run on it when their hostnames differ (a Kubernetes
 #: pod's is its own, new for every pod): pods on one node that set it alike share an environment.
 HOST_ID_ENV = "PARETO_HOST_ID"
 #: The longest host identity the database stores (``pareto_environments.hostname``).
 HOST_ID_MAX = 256
-#: Part of the key only where set, so that environments recorded before them (or without the library)
-#: keep their keys: installing or upgrading ONNX Runtime or torchao (whose kernels int8_dynamic prefers
-#: and int8_static needs) makes a new environment, as a torch upgrade does. ``cuda_math`` (CUDA only)
-#: holds the float32 math settings: TF32 on or off changes an fp32 model's time on a GPU 5-10x.
-#: ``cpu_features``, ``cpu_id`` and ``cpu_capability`` say which CPU kernels can run: cloud VMs report
-#: every Intel generation as "Intel(R) Xeon(R) Processor", and one with AMX runs bf16 and int8
-#: matmuls on other kernels than one without.
-OPTIONAL_KEY_FIELDS = (
-    "onnxruntime_version",
-    "torchao_version",
-    "cuda_math",
-    "cpu_features",
-    "cpu_id",
-    "cpu_capability",
-    "cpu_isa_limits",
-)
 #: Environment variables that hold the CPU kernels below what the CPU has: oneDNN's (bf16, fp16 and int8
 #: matmuls, PT2E int8 compiled by Inductor), FBGEMM's (PyTorch's dynamic int8) and ATen's own dispatch.
 #: Set, they are part of the environment, and ``cpu_features`` keeps only what oneDNN may use.
@@ -237,26 +217,6 @@ def _cpu_capability() -> str | None:
         return None
 
 
-def describe_cpu_features(features: str | None) -> str:
-    """The CPU's kernel features in words: "AVX2, AVX-512 (VNNI, bf16, fp16), AVX-VNNI, AMX (int8, bf16)"."""
-    have = set((features or "").split())
-    parts = []
-    if "avx2" in have:
-        parts.append("AVX2")
-    groups = (
-        ("AVX-512", "avx512f", (("avx512_vnni", "VNNI"), ("avx512_bf16", "bf16"), ("avx512_fp16", "fp16"))),
-        ("AVX-VNNI", "avx_vnni", ()),
-        ("AMX", "amx_tile", (("amx_int8", "int8"), ("amx_bf16", "bf16"), ("amx_fp16", "fp16"))),
-        ("NEON", "asimd", (("asimddp", "dot product"), ("asimdhp", "fp16"), ("bf16", "bf16"), ("i8mm", "int8 matmul"))),
-        ("SVE", "sve", (("sve2", "SVE2"),)),
-    )
-    for name, flag, extras in groups:
-        if flag in have:
-            inner = [word for extra, word in extras if extra in have]
-            parts.append(f"{name} ({', '.join(inner)})" if inner else name)
-    return ", ".join(parts) or "no vector extensions listed"
-
-
 def cuda_math_settings() -> str:
     """How float32 math runs on CUDA in this process: TF32 for matmuls (``float32_matmul_precision``:
     "highest" is full fp32, torch's default) and for cuDNN convolutions, and cuDNN's autotuner.
@@ -270,18 +230,6 @@ def cuda_math_settings() -> str:
         f"float32_matmul_precision={torch.get_float32_matmul_precision()}, "
         f"cudnn.allow_tf32={torch.backends.cudnn.allow_tf32}, cudnn.benchmark={torch.backends.cudnn.benchmark}"
     )
-
-
-def environment_key(fp: dict[str, Any]) -> str:
-    """Return a short stable hash of the fingerprint fields in ``KEY_FIELDS`` (and ``OPTIONAL_KEY_FIELDS`` set).
-
-    Raises:
-        KeyError: ``fp`` lacks one of the ``KEY_FIELDS``.
-    """
-    fields = {name: fp[name] for name in KEY_FIELDS}
-    fields.update({name: fp[name] for name in OPTIONAL_KEY_FIELDS if fp.get(name) is not None})
-    payload = json.dumps(fields, sort_keys=True)
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
 def distribution_version(name: str) -> str | None:

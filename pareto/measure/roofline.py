@@ -10,75 +10,16 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
 from pareto.errors import UsageError
+from pareto.machine import HardwareProfile
 
 Regime = Literal["memory-bound", "compute-bound"]
 
 _PACKAGE = "pareto._hardware"
-
-
-@dataclass(frozen=True)
-class HardwareProfile:
-    """Peak compute per dtype and memory bandwidth of one device, with where each number comes from.
-
-    Args:
-        name: Short name (``a100-40gb``, ``host-cpu``).
-        description: The device in words.
-        peak_flops: Dense peak FLOP/s per dtype ("fp32", "tf32", "fp16", "bf16", "int8" in op/s, ...),
-            without 2:4 structured sparsity.
-        memory_bandwidth_bytes_per_s: Peak (datasheet) or measured memory bandwidth.
-        memory_bytes: Device memory capacity; None when unknown.
-        sources: For each number (``peak_flops.fp16``, ``memory_bandwidth_bytes_per_s``,
-            ``memory_bytes``), the public document it is taken from or how it was measured.
-        method: How a calibrated profile was measured; None for datasheet profiles.
-        measured_at: ISO-8601 UTC time of a calibration; None for datasheet profiles.
-    """
-
-    name: str
-    description: str
-    peak_flops: dict[str, float]
-    memory_bandwidth_bytes_per_s: float
-    memory_bytes: int | None = None
-    sources: dict[str, str] = field(default_factory=dict)
-    method: str | None = None
-    measured_at: str | None = None
-    #: the stored calibration this profile comes from (``pareto calibrate``); None for datasheets
-    calibration_id: int | None = None
-
-    def peak(self, dtype: str) -> float:
-        """Peak FLOP/s for ``dtype``.
-
-        Raises:
-            UsageError: the profile has no figure for ``dtype``.
-        """
-        value = self.peak_flops.get(dtype)
-        if value is None:
-            known = ", ".join(sorted(self.peak_flops)) or "none"
-            raise UsageError(f"Hardware profile {self.name!r} has no peak for {dtype!r}; it has: {known}.")
-        return value
-
-    def ridge_flop_per_byte(self, dtype: str) -> float:
-        """The ridge point: arithmetic intensity where the memory and compute roofs meet (peak / bandwidth)."""
-        return self.peak(dtype) / self.memory_bandwidth_bytes_per_s
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain values, with ``ridge_flop_per_byte`` per dtype added."""
-        return {
-            "name": self.name,
-            "description": self.description,
-            "peak_flops": dict(self.peak_flops),
-            "memory_bandwidth_bytes_per_s": self.memory_bandwidth_bytes_per_s,
-            "memory_bytes": self.memory_bytes,
-            "ridge_flop_per_byte": {dtype: self.ridge_flop_per_byte(dtype) for dtype in self.peak_flops},
-            "sources": dict(self.sources),
-            "method": self.method,
-            "measured_at": self.measured_at,
-        }
 
 
 def list_profiles() -> list[str]:

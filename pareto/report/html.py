@@ -17,7 +17,7 @@ from typing import Any
 
 from pareto.errors import ParetoError, UsageError
 from pareto.limits import Limits
-from pareto.measure.environment import describe_cpu_features
+from pareto.machine import describe_cpu_features
 from pareto.metrics import METHOD_SEPARATOR
 from pareto.naming import describe_config
 from pareto.report.data import ReportData, escape, load_data, trial_status

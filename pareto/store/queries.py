@@ -23,7 +23,7 @@ from pareto.store.models import (
 )
 
 if TYPE_CHECKING:
-    from pareto.measure.roofline import HardwareProfile
+    from pareto.machine import HardwareProfile
 
 
 def get_study(session: Session, name: str) -> Study:
@@ -56,7 +56,7 @@ def default_study(session: Session) -> Study:
 
 def environment_id(session: Session, fp: dict[str, Any]) -> int:
     """The id of the environment with this fingerprint, stored on first sight."""
-    from pareto.measure.environment import environment_key
+    from pareto.machine import environment_key
 
     key = environment_key(fp)
     env = session.scalars(select(Environment).where(Environment.key == key)).one_or_none()
@@ -428,7 +428,7 @@ def study_summaries(session: Session) -> list[dict[str, Any]]:
 
 def _cpu_kernels(environments: list[dict[str, Any]]) -> list[str]:
     """The kernel features of the CPUs a study was measured on, in words, once each."""
-    from pareto.measure.environment import describe_cpu_features
+    from pareto.machine import describe_cpu_features
 
     return sorted({describe_cpu_features(e["cpu_features"]) for e in environments if e.get("cpu_features")})
 
@@ -501,7 +501,7 @@ def delete_study(session: Session, name: str) -> dict[str, Any]:
 def latest_calibration(session: Session, fingerprint: dict[str, Any]) -> HardwareCalibration | None:
     """The latest calibration of this environment, else of the same device on the same host with the
     same torch (calibrated at another thread count)."""
-    from pareto.measure.environment import environment_key
+    from pareto.machine import environment_key
 
     newest = (HardwareCalibration.created_at.desc(), HardwareCalibration.id.desc())
     exact = session.scalars(
@@ -529,7 +529,7 @@ def latest_calibration(session: Session, fingerprint: dict[str, Any]) -> Hardwar
 
 def calibration_profile(row: HardwareCalibration) -> HardwareProfile:
     """A stored `pareto calibrate` result as a roofline profile."""
-    from pareto.measure.roofline import HardwareProfile
+    from pareto.machine import HardwareProfile
 
     return HardwareProfile(
         name=f"host-{row.environment.device.replace(':', '-')}",

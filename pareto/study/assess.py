@@ -17,9 +17,9 @@ from pareto.metrics import METHOD_SEPARATOR, Metrics
 if TYPE_CHECKING:
     from torch import nn
 
+    from pareto.machine import HardwareProfile
     from pareto.measure.latency import LatencyResult, RoundPlan
     from pareto.measure.probe import ContentionProbe
-    from pareto.measure.roofline import HardwareProfile
     from pareto.spec import Measure
     from pareto.task import Task
 

@@ -27,9 +27,9 @@ if TYPE_CHECKING:
 
     from pareto.compress import Config, Served
     from pareto.devices import DeviceTask
+    from pareto.machine import HardwareProfile
     from pareto.measure.latency import LatencyResult, RoundPlan, Timed
     from pareto.measure.probe import ContentionProbe
-    from pareto.measure.roofline import HardwareProfile
     from pareto.spec import Measure
     from pareto.task import Task
 
@@ -131,7 +131,7 @@ def _stored_environment(
 ) -> tuple[Engine | None, int | None, HardwareProfile | None, str | None, float | None]:
     """The engine, the environment's id (stored unless read-only), its calibration, why none, its quiet probe time."""
     from pareto.errors import StoreError
-    from pareto.measure.environment import environment_key
+    from pareto.machine import environment_key
     from pareto.store.engine import get_or_create, require_schema
 
     if db_url is None:
@@ -156,7 +156,7 @@ def _stored_environment(
 
 def start_run(bench: Bench, *, kind: str, study_id: int | None) -> RunHandle:
     """Store a new run; build its contention probe against the environment's quiet time."""
-    from pareto.measure.environment import environment_key
+    from pareto.machine import environment_key
 
     with session_scope(bench.engine) as session:
         bench.quiet_ms = queries.probe_quiet_ms(session, environment_key(bench.fingerprint))

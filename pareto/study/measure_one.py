@@ -58,7 +58,7 @@ def measure_beside_baseline(
 def _measured(bench: Any, config: Any, base_config: Any, settings: Any, p99_ms: float | None) -> dict[str, Any]:
     """``measure_beside_baseline``'s work, in a frame of its own: once an error has left it, its
     models can be let go of."""
-    from pareto.measure.environment import environment_key
+    from pareto.machine import environment_key
     from pareto.measure.memory import theoretical_bytes
     from pareto.study.assess import complete, device_memory, round_plan
     from pareto.study.bench import time_together
@@ -212,7 +212,7 @@ def _method_of(stored: Candidate, device: str | None) -> Any:
 
 
 def _key_of(fingerprint: dict[str, Any]) -> str:
-    from pareto.measure.environment import environment_key
+    from pareto.machine import environment_key
 
     return environment_key(fingerprint)
 
