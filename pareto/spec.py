@@ -364,28 +364,31 @@ DEFAULT_SPACE: dict[str, Any] = {
 }
 
 
-#: The search space on a CUDA device when the spec names no techniques: what pays on a GPU. A small
-#: model there is launch-bound, so CUDA graphs (eager, or Inductor's in reduce-overhead mode) come
-#: first; precision (bf16, fp16, fp8), int4 and int8 weights, 2:4 sparsity (cuSPARSELt on Hopper) and
-#: structured pruning at tensor-core widths pay once the model computes. Techniques that cannot share
-#: a configuration (two weight quantizations, two casts) are never drawn together; fp8 and int4 with
-#: compile are probed together on the GPU first (a small MLP through both, cached), and never drawn
-#: together where the probe fails (Dynamo cannot trace torchao's weights on some releases). int4 is not
-#: offered where torchao's tile-packed layout would pad the model's Linear weights more than 2x.
-DEFAULT_CUDA_SPACE: dict[str, Any] = {
-    "batch_size": None,
-    "techniques": {
-        "cuda_graphs": {},
-        "compile": {"mode": ["default", "reduce-overhead"]},
-        "bf16": {},
-        "fp16": {},
-        "fp8": {},
-        "int4_weight_only": {"group_size": [64, 128]},
-        "int8_weight_only": {},
-        "prune_2_4": {},
-        "prune_structured": {"ratio": {"low": 0.2, "high": 0.8}},
-    },
-}
+def default_cuda_space() -> dict[str, Any]:
+    """The search space on a CUDA device when the spec names no techniques: what pays on a GPU, from each
+    technique's ``cuda_default`` (its parameters' choices) in ``cuda_default_order``. A small model there
+    is launch-bound, so CUDA graphs (eager, or Inductor's in reduce-overhead mode) come first; precision
+    (bf16, fp16, fp8), int4 and int8 weights, 2:4 sparsity (cuSPARSELt on Hopper) and structured pruning
+    at tensor-core widths pay once the model computes. Techniques that cannot share a configuration (two
+    weight quantizations, two casts) are never drawn together; fp8 and int4 with compile are probed
+    together on the GPU first (a small MLP through both, cached), and never drawn together where the
+    probe fails (Dynamo cannot trace torchao's weights on some releases). int4 is not offered where
+    torchao's tile-packed layout would pad the model's Linear weights more than 2x. A new dict each call."""
+    from pareto.compress.base import registry
+
+    offered = sorted(
+        (cls for cls in registry().values() if cls.cuda_default is not None),
+        key=lambda cls: (cls.cuda_default_order, cls.name),
+    )
+    return {"batch_size": None, "techniques": {cls.name: copy.deepcopy(cls.cuda_default) for cls in offered}}
+
+
+def __getattr__(name: str) -> Any:
+    """``DEFAULT_CUDA_SPACE``: ``default_cuda_space()``, built from the registry when asked (importing the
+    spec does not import torch)."""
+    if name == "DEFAULT_CUDA_SPACE":
+        return default_cuda_space()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def load_spec(path: str | os.PathLike[str] | None = None, overrides: dict[str, Any] | None = None) -> SearchSpec:

@@ -15,14 +15,17 @@ import annotated_types
 from pydantic import BaseModel, ConfigDict
 from pydantic.fields import FieldInfo
 
+from pareto.compress.kernels import kernel_reason
 from pareto.compress.served import Step
 from pareto.errors import UsageError
+from pareto.measure import environment
 from pareto.naming import BACKENDS, Backend, describe_technique
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
+    from pareto.compress.cpu import CpuRule
     from pareto.task import Task
 
 Family = Literal["distill", "prune", "lowrank", "finetune", "quantize", "compile"]
@@ -61,6 +64,36 @@ class Technique(BaseModel):
     compute_dtype: ClassVar[str | None] = None
     #: Its result is compiled with Inductor's freezing and static shapes (a PT2E graph), as measured and exported.
     inductor_freezing: ClassVar[bool] = False
+    #: What it becomes in an exported artifact (the manifest's ``in_the_artifact``); None: applied by
+    #: pareto before serialization.
+    artifact_note: ClassVar[str | None] = None
+    #: Its parameters' choices in the search space a CUDA device gets when a spec names no techniques
+    #: (``pareto.spec.default_cuda_space``); None: not offered there.
+    cuda_default: ClassVar[dict[str, Any] | None] = None
+    #: Its place in that default space (lowest first): what pays most on a GPU comes first.
+    cuda_default_order: ClassVar[int] = 0
+    #: What a CPU's instructions do for it (``pareto.compress.cpu``'s rules: a ``Cast`` with its flags,
+    #: ``INT8_DOT_PRODUCTS``, ``INDUCTOR_VECTORS``); a lever rule makes it one of the CPU's levers. None:
+    #: the instructions do not decide it.
+    cpu_native: ClassVar[CpuRule | None] = None
+    #: Whose kernels it runs on a CPU, as ``pareto.measure.environment.host_cpu`` names them: "onednn"
+    #: (casts, PT2E int8, Inductor), "fbgemm" (PyTorch's dynamic int8), "mlas" (ONNX Runtime).
+    cpu_kernels: ClassVar[str] = "onednn"
+
+    @classmethod
+    def on_this_cpu(cls, features: str | None, capability: str | None = None) -> str | None:
+        """What a CPU's instructions (its ``KERNEL_FEATURES``, space-separated, and torch's dispatch level)
+        do for this technique (``cpu_native``); None where they do not decide."""
+        if cls.cpu_native is None:
+            return None
+        return cls.cpu_native.judge(set((features or "").split()), capability)
+
+    @classmethod
+    def cpu_facts(cls) -> str | None:
+        """``on_this_cpu`` for this machine's CPU, as the kernels it runs on (``cpu_kernels``) may use it."""
+        if cls.cpu_native is None:
+            return None
+        return cls.on_this_cpu(*environment.host_cpu(cls.cpu_kernels))
 
     def available(self, device: str, task: Task | None = None) -> str | None:
         """Return why this technique cannot run on ``device`` ("cpu", "cuda:0") for ``task``, or None if it can.
@@ -208,7 +241,7 @@ def describe_techniques(device: str, task: Task | None = None) -> list[dict[str,
     whose kernels would run (None where the technique does not say or cannot run), ``backends`` the
     serving backends a configuration with it can use, ``judged_with`` the parameters availability was
     judged with, ``on_this_cpu`` (on the CPU) what this CPU's instructions do for it
-    (``pareto.compress.cpu``; None where they do not decide). Entries come in canonical
+    (``Technique.cpu_facts``; None where they do not decide). Entries come in canonical
     family order, then by name. Availability is judged on the technique built from its defaults
     and ``example`` values, with ``task`` seen on ``device`` as a bench sees it
     (``pareto.devices.on_device``): a trial run (``prune_structured``'s) runs there, under that
@@ -220,8 +253,6 @@ def describe_techniques(device: str, task: Task | None = None) -> list[dict[str,
         >>> [t["name"] for t in describe_techniques("cpu") if t["family"] == "lowrank"]
         ['lowrank']
     """
-    from pareto.compress.cpu import cpu_facts
-    from pareto.compress.kernels import kernel_reason
     from pareto.devices import on_device
 
     view = on_device(task, device) if task is not None else None
@@ -241,7 +272,7 @@ def describe_techniques(device: str, task: Task | None = None) -> list[dict[str,
                 "backend": technique.backend(device) if reason is None else None,
                 "backends": list(cls.backends),
                 "judged_with": technique.params(),
-                "on_this_cpu": cpu_facts(cls.name) if device == "cpu" else None,
+                "on_this_cpu": cls.cpu_facts() if device == "cpu" else None,
             }
         )
     return listing

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from pareto.compress.base import Backend, Family, Technique, register
+from pareto.compress.cpu import INDUCTOR_VECTORS, CpuRule
 from pareto.compress.served import GraphPool, Step
 from pareto.devices import as_args, model_device
 from pareto.errors import TechniqueError
@@ -62,6 +63,12 @@ class Compile(Technique):
     """
 
     name: ClassVar[str] = "compile"
+    artifact_note: ClassVar[str | None] = (
+        "not in the graph: the artifact holds the eager module; the load line calls torch.compile with the mode"
+    )
+    cuda_default: ClassVar[dict[str, Any] | None] = {"mode": ["default", "reduce-overhead"]}
+    cuda_default_order: ClassVar[int] = 20
+    cpu_native: ClassVar[CpuRule | None] = INDUCTOR_VECTORS
     #: on the compile backend every configuration is compiled already; an ONNX graph is not a torch module
     backends: ClassVar[tuple[Backend, ...]] = ("eager",)
     family: ClassVar[Family] = "compile"

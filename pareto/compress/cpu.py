@@ -8,81 +8,125 @@ float32; int8 dot products run on AMX int8 tiles, AVX-512 VNNI or AVX-VNNI, and 
 oneDNN (PyTorch's bf16 and fp16 matmuls, PT2E int8 compiled by Inductor) for AMX, AVX-512 BF16/FP16
 and VNNI; FBGEMM (PyTorch's dynamic int8) for AVX2 and AVX-512 VNNI; ONNX Runtime's MLAS for VNNI and
 AMX int8. The features are read from the environment (``pareto.measure.environment``).
+
+Each technique declares its own rule (``Technique.cpu_native``: a ``Cast`` with its flags, the shared
+``INT8_DOT_PRODUCTS`` or ``INDUCTOR_VECTORS``) and whose kernels it runs (``Technique.cpu_kernels``);
+this module holds the rules and answers by technique name through the registry.
 """
 
 from __future__ import annotations
 
-#: The techniques whose speed on a CPU turns on its int8 instructions.
-INT8 = ("int8_dynamic", "int8_static", "ort_int8_dynamic", "ort_int8_static")
-#: The CPU's levers: what its instructions decide the speed of. Before a search on a CPU each one in the
-#: space is timed beside float32 on a layer of the task's widths (``pareto.study.space_checks``).
-LEVERS = ("bf16", "fp16", *INT8)
+from collections.abc import Set
+from dataclasses import dataclass
+from typing import ClassVar
+
+from pareto.compress.base import registry
 
 
-#: For each cast, the flags that make it native, best first, with what they mean; then what it is without.
-_CASTS: dict[str, tuple[tuple[tuple[str, str], ...], str]] = {
-    "bf16": (
-        (
-            ("amx_bf16", "AMX bf16 tiles (oneDNN matmuls and convolutions); pays most on the compile backend"),
-            ("avx512_bf16", "AVX-512 BF16 dot products (oneDNN); pays most on the compile backend"),
-            ("bf16", "Arm BF16 matrix multiply (oneDNN/ACL)"),
-        ),
-        "not native (no AMX or AVX-512 BF16): converted around each op, often slower than float32",
-    ),
-    "fp16": (
-        (
-            ("amx_fp16", "AMX fp16 tiles (oneDNN)"),
-            ("avx512_fp16", "AVX-512 FP16 arithmetic (oneDNN)"),
-            ("asimdhp", "Arm half-precision SIMD"),
-        ),
-        "not native (F16C converts, it does not compute): usually slower than float32",
-    ),
-}
+@dataclass(frozen=True)
+class CpuRule:
+    """What a CPU's instructions do for a technique: a technique's ``cpu_native``."""
+
+    #: The instructions decide whether it pays: one of the CPU's levers (``LEVERS``).
+    lever: ClassVar[bool] = False
+
+    def judge(self, have: Set[str], capability: str | None) -> str:
+        """The sentence for a CPU with the ``KERNEL_FEATURES`` ``have`` and torch's dispatch level ``capability``."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Cast(CpuRule):
+    """A cast: native where one of the flags is present (best first, each with what it means), else ``otherwise``."""
+
+    native: tuple[tuple[str, str], ...]
+    otherwise: str
+    lever: ClassVar[bool] = True
+
+    def judge(self, have: Set[str], capability: str | None) -> str:
+        return next((f"native: {words}" for flag, words in self.native if flag in have), self.otherwise)
+
+
+#: The instructions that compute int8 dot products, with what they are called.
+INT8_FLAGS = (
+    ("amx_int8", "AMX int8 tiles"),
+    ("avx512_vnni", "AVX-512 VNNI"),
+    ("avx_vnni", "AVX-VNNI"),
+    ("asimddp", "Arm dot product"),
+    ("i8mm", "Arm int8 matrix multiply"),
+)
+
+
+@dataclass(frozen=True)
+class Int8DotProducts(CpuRule):
+    """An int8 format: its speed turns on the CPU's int8 dot-product instructions (``INT8_FLAGS``)."""
+
+    lever: ClassVar[bool] = True
+
+    def judge(self, have: Set[str], capability: str | None) -> str:
+        found = [words for flag, words in INT8_FLAGS if flag in have]
+        if found:
+            return f"int8 dot products: {', '.join(found)}"
+        if "avx2" in have:
+            return "no VNNI: int8 through AVX2 16-bit multiply-adds, smaller gains over float32"
+        return "no int8 dot-product instructions listed: little to gain over float32"
+
+
+@dataclass(frozen=True)
+class InductorVectors(CpuRule):
+    """Inductor's generated C++ kernels: vectorized for the dispatch level (not a lever)."""
+
+    def judge(self, have: Set[str], capability: str | None) -> str:
+        level = capability or ("AVX-512" if "avx512f" in have else "AVX2" if "avx2" in have else "scalar")
+        return f"Inductor's C++ kernels are vectorized for {level}; bf16 and int8 graphs lower to oneDNN"
+
+
+INT8_DOT_PRODUCTS = Int8DotProducts()
+INDUCTOR_VECTORS = InductorVectors()
+
+
+def levers() -> tuple[str, ...]:
+    """The CPU's levers: what its instructions decide the speed of (a technique whose ``cpu_native`` is a
+    lever), by name. Before a search on a CPU each one in the space is timed beside float32 on a layer of
+    the task's widths (``pareto.study.space_checks``)."""
+    return tuple(sorted(name for name, cls in registry().items() if cls.cpu_native and cls.cpu_native.lever))
+
+
+def int8() -> tuple[str, ...]:
+    """The techniques whose speed on a CPU turns on its int8 instructions, by name."""
+    return tuple(sorted(name for name, cls in registry().items() if isinstance(cls.cpu_native, Int8DotProducts)))
+
+
+#: ``levers()`` and ``int8()``, read from the registry when asked (``__getattr__``): the techniques import
+#: this module, so they are not all registered while it runs.
+LEVERS: tuple[str, ...]
+INT8: tuple[str, ...]
+
+
+def __getattr__(name: str) -> tuple[str, ...]:
+    """``LEVERS`` and ``INT8``, computed on each access."""
+    if name == "LEVERS":
+        return levers()
+    if name == "INT8":
+        return int8()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def kernel_library(name: str) -> str:
     """Whose kernels technique ``name`` runs on a CPU, as ``pareto.measure.environment.host_cpu`` names them:
     ONNX Runtime's MLAS, FBGEMM (PyTorch's dynamic int8) or oneDNN (casts, PT2E int8, Inductor)."""
-    return "mlas" if name.startswith("ort_") else "fbgemm" if name == "int8_dynamic" else "onednn"
+    cls = registry().get(name)
+    return cls.cpu_kernels if cls is not None else "onednn"
 
 
 def on_this_cpu(name: str, features: str | None, capability: str | None = None) -> str | None:
     """What this CPU's instructions do for technique ``name`` (its ``KERNEL_FEATURES``, space-separated,
     and torch's dispatch level); None for a technique they do not decide."""
-    have = set((features or "").split())
-    if name in _CASTS:
-        native, otherwise = _CASTS[name]
-        return next((f"native: {words}" for flag, words in native if flag in have), otherwise)
-    if name in INT8:
-        return _int8(have)
-    if name == "compile":
-        level = capability or ("AVX-512" if "avx512f" in have else "AVX2" if "avx2" in have else "scalar")
-        return f"Inductor's C++ kernels are vectorized for {level}; bf16 and int8 graphs lower to oneDNN"
-    return None
-
-
-def _int8(have: set[str]) -> str:
-    found = [
-        words
-        for flag, words in (
-            ("amx_int8", "AMX int8 tiles"),
-            ("avx512_vnni", "AVX-512 VNNI"),
-            ("avx_vnni", "AVX-VNNI"),
-            ("asimddp", "Arm dot product"),
-            ("i8mm", "Arm int8 matrix multiply"),
-        )
-        if flag in have
-    ]
-    if found:
-        return f"int8 dot products: {', '.join(found)}"
-    if "avx2" in have:
-        return "no VNNI: int8 through AVX2 16-bit multiply-adds, smaller gains over float32"
-    return "no int8 dot-product instructions listed: little to gain over float32"
+    cls = registry().get(name)
+    return cls.on_this_cpu(features, capability) if cls is not None else None
 
 
 def cpu_facts(name: str) -> str | None:
     """What this CPU's instructions, as the kernels technique ``name`` runs on may use them, do for it."""
-    from pareto.measure.environment import host_cpu
-
-    features, capability = host_cpu(kernel_library(name))
-    return on_this_cpu(name, features, capability)
+    cls = registry().get(name)
+    return cls.cpu_facts() if cls is not None else None

@@ -72,6 +72,9 @@ class Distill(Technique):
     """
 
     name: ClassVar[str] = "distill"
+    artifact_note: ClassVar[str | None] = (
+        "the trained student (a plain nn.Sequential); the teacher is not in the artifact"
+    )
     family: ClassVar[Family] = "distill"
     summary: ClassVar[str] = "train a narrower/shallower MLP student on the teacher's logits (train_data)"
 

@@ -104,6 +104,7 @@ class FineTune(Technique):
     """
 
     name: ClassVar[str] = "finetune"
+    artifact_note: ClassVar[str | None] = "the fine-tuned weights in the same layers"
     family: ClassVar[Family] = "finetune"
     summary: ClassVar[str] = (
         "bounded recovery training on train_data: labels, or the uncompressed model's outputs; zeros stay zero"

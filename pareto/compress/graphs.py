@@ -129,6 +129,12 @@ class CudaGraphs(Technique):
     """
 
     name: ClassVar[str] = "cuda_graphs"
+    artifact_note: ClassVar[str | None] = (
+        "not in the graph: the artifact holds the eager module; CUDA graphs are recorded where the model is served "
+        "(torch.cuda.graph per batch shape, replayed per call, as measured)"
+    )
+    cuda_default: ClassVar[dict[str, Any] | None] = {}
+    cuda_default_order: ClassVar[int] = 10
     #: torch.compile's reduce-overhead mode is Inductor's kernels in CUDA graphs: this is the eager ones'
     excludes: ClassVar[frozenset[str]] = frozenset({"compile"})
     family: ClassVar[Family] = "compile"

@@ -40,6 +40,7 @@ class LowRank(Technique):
     """
 
     name: ClassVar[str] = "lowrank"
+    artifact_note: ClassVar[str | None] = "each factorized Linear as two thin Linears (W ≈ U·V)"
     family: ClassVar[Family] = "lowrank"
     summary: ClassVar[str] = "truncated-SVD factorization of each Linear but the head, where the factors are smaller"
     example: ClassVar[dict[str, float]] = {"rank_ratio": 0.25}

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from pareto.compress.base import Backend, Family, Technique, register
+from pareto.compress.cpu import INT8_DOT_PRODUCTS, CpuRule
 from pareto.compress.served import Step
 from pareto.compress.tracing import calibration_inputs, first_line, quiet, trace_first
 from pareto.devices import as_args
@@ -247,6 +248,8 @@ class _OrtGraphPass(Technique):
     family: ClassVar[Family] = "quantize"
     backends: ClassVar[tuple[Backend, ...]] = ("onnxruntime",)
     on_graph: ClassVar[bool] = True
+    #: ONNX Runtime runs MLAS's kernels on a CPU
+    cpu_kernels: ClassVar[str] = "mlas"
 
     def backend(self, device: str) -> str | None:
         return "onnxruntime"
@@ -304,6 +307,10 @@ class OrtInt8Dynamic(_OrtGraphPass):
     """
 
     name: ClassVar[str] = "ort_int8_dynamic"
+    artifact_note: ClassVar[str | None] = (
+        "the ONNX graph with int8 weights (DynamicQuantizeLinear, MatMulInteger), as ORT ran it"
+    )
+    cpu_native: ClassVar[CpuRule | None] = INT8_DOT_PRODUCTS
     summary: ClassVar[str] = "ONNX Runtime quantize_dynamic: int8 weights of the exported graph (onnxruntime backend)"
     order_in_family: ClassVar[int] = 10
 
@@ -339,6 +346,9 @@ class OrtFuse(_OrtGraphPass):
     """
 
     name: ClassVar[str] = "ort_fuse"
+    artifact_note: ClassVar[str | None] = (
+        "the ONNX graph with ONNX Runtime's fused contrib operators (com.microsoft domain), as ORT ran it"
+    )
     family: ClassVar[Family] = "compile"
     summary: ClassVar[str] = (
         "ONNX Runtime's transformer optimizer: attention, SkipLayerNorm and GELU fusions of the exported graph, "
@@ -382,6 +392,10 @@ class OrtInt8Static(_OrtGraphPass):
     """
 
     name: ClassVar[str] = "ort_int8_static"
+    artifact_note: ClassVar[str | None] = (
+        "the ONNX graph with QuantizeLinear/DequantizeLinear pairs and calibrated scales, as ORT ran it"
+    )
+    cpu_native: ClassVar[CpuRule | None] = INT8_DOT_PRODUCTS
     summary: ClassVar[str] = (
         "ONNX Runtime quantize_static: int8 weights and activations of convs and matmuls, ranges calibrated on "
         "train_data (onnxruntime backend)"

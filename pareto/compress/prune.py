@@ -36,6 +36,9 @@ class UnstructuredPrune(Technique):
     """
 
     name: ClassVar[str] = "prune_unstructured"
+    artifact_note: ClassVar[str | None] = (
+        "dense weights holding exact zeros; dense kernels run them at dense speed, as measured"
+    )
     family: ClassVar[Family] = "prune"
     summary: ClassVar[str] = "zero the smallest Linear weights globally; tensors stay dense (size, not speed)"
     example: ClassVar[dict[str, float]] = {"sparsity": 0.5}
@@ -93,6 +96,9 @@ class StructuredPrune(Technique):
     """
 
     name: ClassVar[str] = "prune_structured"
+    artifact_note: ClassVar[str | None] = "smaller layers with the removed units, channels and heads gone; no masks"
+    cuda_default: ClassVar[dict[str, Any] | None] = {"ratio": {"low": 0.2, "high": 0.8}}
+    cuda_default_order: ClassVar[int] = 90
     family: ClassVar[Family] = "prune"
     summary: ClassVar[str] = (
         "remove channels, hidden units, FFN width and attention heads of any traced graph (DepGraph): smaller layers"
@@ -452,6 +458,11 @@ class TwoFourPrune(Technique):
     """
 
     name: ClassVar[str] = "prune_2_4"
+    artifact_note: ClassVar[str | None] = (
+        "2:4 semi-structured sparse weights, as torch.export (else torch.jit.trace) holds them; CUDA sm80+"
+    )
+    cuda_default: ClassVar[dict[str, Any] | None] = {}
+    cuda_default_order: ClassVar[int] = 80
     #: semi-structured sparse tensors: the ONNX exporter has no mapping for them
     backends: ClassVar[tuple[Backend, ...]] = ("eager", "compile")
     family: ClassVar[Family] = "prune"

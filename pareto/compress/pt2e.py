@@ -28,6 +28,7 @@ from torch import nn
 
 from pareto.compress.base import Backend, Family, Technique, register
 from pareto.compress.compile import _compile_reason
+from pareto.compress.cpu import INT8_DOT_PRODUCTS, CpuRule
 from pareto.compress.quantize import TORCHAO_HINT, _has_ao_quantized, _is_wrapper_tensor
 from pareto.compress.served import Step
 from pareto.compress.tracing import calibration_inputs, first_line, quiet, trace_first
@@ -125,6 +126,12 @@ class Int8Static(Technique):
     """
 
     name: ClassVar[str] = "int8_static"
+    artifact_note: ClassVar[str | None] = (
+        "the PT2E graph: int8 weights with quantize/dequantize operators (loading imports the library that "
+        "registers them: torchao, or torch.ao.quantization on older torch); the load line compiles it with "
+        "Inductor's freezing, which makes them oneDNN int8 kernels"
+    )
+    cpu_native: ClassVar[CpuRule | None] = INT8_DOT_PRODUCTS
     excludes: ClassVar[frozenset[str]] = frozenset(
         {"bf16", "fp16", "fp8", "int4_weight_only", "int8_dynamic", "int8_weight_only"}
     )

@@ -23,6 +23,7 @@ from torch import nn
 
 from pareto.compress import kernels as kernel_probes
 from pareto.compress.base import Backend, Family, Technique, cuda_capability, get_technique, register
+from pareto.compress.cpu import INT8_DOT_PRODUCTS, Cast, CpuRule
 from pareto.compress.prune import semi_structured_linears, to_dense_weights, to_semi_structured_weights
 from pareto.compress.tracing import quiet
 from pareto.errors import TechniqueError
@@ -161,6 +162,13 @@ class Int8Dynamic(Technique):
     """
 
     name: ClassVar[str] = "int8_dynamic"
+    artifact_note: ClassVar[str | None] = (
+        "torch.ao backend: quantized::linear_dynamic with packed int8 weights (TorchScript); "
+        "torchao backend: torchao's int8 operators (loading needs torchao)"
+    )
+    cpu_native: ClassVar[CpuRule | None] = INT8_DOT_PRODUCTS
+    #: PyTorch's dynamic int8 runs FBGEMM's kernels on a CPU
+    cpu_kernels: ClassVar[str] = "fbgemm"
     excludes: ClassVar[frozenset[str]] = frozenset(
         {"fp8", "int4_weight_only", "int8_static", "int8_weight_only", "prune_2_4"}
     )
@@ -282,6 +290,11 @@ class Int8WeightOnly(Technique):
     """
 
     name: ClassVar[str] = "int8_weight_only"
+    artifact_note: ClassVar[str | None] = (
+        "torchao int8 weight tensors traced into torchao's operators; loading needs torchao"
+    )
+    cuda_default: ClassVar[dict[str, Any] | None] = {}
+    cuda_default_order: ClassVar[int] = 70
     excludes: ClassVar[frozenset[str]] = frozenset(
         {"fp8", "int4_weight_only", "int8_dynamic", "int8_static", "prune_2_4"}
     )
@@ -327,6 +340,11 @@ class Int4WeightOnly(Technique):
     """
 
     name: ClassVar[str] = "int4_weight_only"
+    artifact_note: ClassVar[str | None] = (
+        "torchao int4 weight tensors traced into torchao's operators; loading needs torchao and CUDA"
+    )
+    cuda_default: ClassVar[dict[str, Any] | None] = {"group_size": [64, 128]}
+    cuda_default_order: ClassVar[int] = 60
     excludes: ClassVar[frozenset[str]] = frozenset(
         {"fp16", "fp8", "int8_dynamic", "int8_static", "int8_weight_only", "prune_2_4"}
     )
@@ -474,6 +492,11 @@ class Fp8(Technique):
     """
 
     name: ClassVar[str] = "fp8"
+    artifact_note: ClassVar[str | None] = (
+        "torchao float8 weight tensors (per-row scales) in torchao's operators; loading needs torchao and CUDA"
+    )
+    cuda_default: ClassVar[dict[str, Any] | None] = {}
+    cuda_default_order: ClassVar[int] = 50
     excludes: ClassVar[frozenset[str]] = frozenset(
         {"fp16", "int4_weight_only", "int8_dynamic", "int8_static", "int8_weight_only", "prune_2_4"}
     )
@@ -644,6 +667,19 @@ class Fp16(_HalfCast):
     """
 
     name: ClassVar[str] = "fp16"
+    artifact_note: ClassVar[str | None] = (
+        "weights in float16; the graph casts float inputs to float16 and its outputs back to float32"
+    )
+    cuda_default: ClassVar[dict[str, Any] | None] = {}
+    cuda_default_order: ClassVar[int] = 40
+    cpu_native: ClassVar[CpuRule | None] = Cast(
+        native=(
+            ("amx_fp16", "AMX fp16 tiles (oneDNN)"),
+            ("avx512_fp16", "AVX-512 FP16 arithmetic (oneDNN)"),
+            ("asimdhp", "Arm half-precision SIMD"),
+        ),
+        otherwise="not native (F16C converts, it does not compute): usually slower than float32",
+    )
     excludes: ClassVar[frozenset[str]] = frozenset({"bf16"})
     family: ClassVar[Family] = "quantize"
     summary: ClassVar[str] = "parameters and activations in float16; inputs and outputs stay float32"
@@ -658,6 +694,19 @@ class Bf16(_HalfCast):
     """
 
     name: ClassVar[str] = "bf16"
+    artifact_note: ClassVar[str | None] = (
+        "weights in bfloat16; the graph casts float inputs to bfloat16 and its outputs back to float32"
+    )
+    cuda_default: ClassVar[dict[str, Any] | None] = {}
+    cuda_default_order: ClassVar[int] = 30
+    cpu_native: ClassVar[CpuRule | None] = Cast(
+        native=(
+            ("amx_bf16", "AMX bf16 tiles (oneDNN matmuls and convolutions); pays most on the compile backend"),
+            ("avx512_bf16", "AVX-512 BF16 dot products (oneDNN); pays most on the compile backend"),
+            ("bf16", "Arm BF16 matrix multiply (oneDNN/ACL)"),
+        ),
+        otherwise="not native (no AMX or AVX-512 BF16): converted around each op, often slower than float32",
+    )
     family: ClassVar[Family] = "quantize"
     summary: ClassVar[str] = "parameters and activations in bfloat16; inputs and outputs stay float32"
     dtype: ClassVar[torch.dtype] = torch.bfloat16

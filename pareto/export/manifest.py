@@ -5,6 +5,7 @@ as it was measured, what the reload check found, and where this environment diff
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -13,7 +14,7 @@ from pareto.export.artifact import ONNX, TORCH_EXPORT, TORCHSCRIPT, Artifact
 from pareto.export.check import tensors
 
 if TYPE_CHECKING:
-    from pareto.compress import Config
+    from pareto.compress import Config, Technique
     from pareto.export.bundle import Selection
     from pareto.front import Candidate
 
@@ -23,37 +24,31 @@ MANIFEST_VERSION = 1
 #: What differs between the measuring and the exporting environment that can change latency.
 ENVIRONMENT_FIELDS = ("device", "device_name", "driver", "cpu_model", "cpu_features", "torch_version", "threads")
 
-#: What each built-in technique becomes in the artifact (tests check that every registered one has a line).
-TECHNIQUE_NOTES: dict[str, str] = {
-    "distill": "the trained student (a plain nn.Sequential); the teacher is not in the artifact",
-    "prune_structured": "smaller layers with the removed units, channels and heads gone; no masks",
-    "prune_unstructured": "dense weights holding exact zeros; dense kernels run them at dense speed, as measured",
-    "prune_2_4": "2:4 semi-structured sparse weights, as torch.export (else torch.jit.trace) holds them; CUDA sm80+",
-    "lowrank": "each factorized Linear as two thin Linears (W ≈ U·V)",
-    "finetune": "the fine-tuned weights in the same layers",
-    "bf16": "weights in bfloat16; the graph casts float inputs to bfloat16 and its outputs back to float32",
-    "fp16": "weights in float16; the graph casts float inputs to float16 and its outputs back to float32",
-    "int4_weight_only": "torchao int4 weight tensors traced into torchao's operators; loading needs torchao and CUDA",
-    "int8_dynamic": (
-        "torch.ao backend: quantized::linear_dynamic with packed int8 weights (TorchScript); "
-        "torchao backend: torchao's int8 operators (loading needs torchao)"
-    ),
-    "int8_weight_only": "torchao int8 weight tensors traced into torchao's operators; loading needs torchao",
-    "fp8": "torchao float8 weight tensors (per-row scales) in torchao's operators; loading needs torchao and CUDA",
-    "compile": "not in the graph: the artifact holds the eager module; the load line calls torch.compile with the mode",
-    "cuda_graphs": (
-        "not in the graph: the artifact holds the eager module; CUDA graphs are recorded where the model is served "
-        "(torch.cuda.graph per batch shape, replayed per call, as measured)"
-    ),
-    "int8_static": (
-        "the PT2E graph: int8 weights with quantize/dequantize operators (loading imports the library that "
-        "registers them: torchao, or torch.ao.quantization on older torch); the load line compiles it with "
-        "Inductor's freezing, which makes them oneDNN int8 kernels"
-    ),
-    "ort_int8_dynamic": "the ONNX graph with int8 weights (DynamicQuantizeLinear, MatMulInteger), as ORT ran it",
-    "ort_int8_static": "the ONNX graph with QuantizeLinear/DequantizeLinear pairs and calibrated scales, as ORT ran it",
-    "ort_fuse": "the ONNX graph with ONNX Runtime's fused contrib operators (com.microsoft domain), as ORT ran it",
-}
+#: What the manifest says of a technique that declares no ``Technique.artifact_note``.
+UNNOTED = "applied by pareto before serialization"
+
+
+class _Notes(Mapping[str, str]):
+    """What each registered technique becomes in the artifact, by name: its ``Technique.artifact_note``
+    (read from the registry when asked, so that this module does not import torch)."""
+
+    def _notes(self) -> dict[str, str]:
+        from pareto.compress.base import registry
+
+        return {name: cls.artifact_note for name, cls in registry().items() if cls.artifact_note is not None}
+
+    def __getitem__(self, name: str) -> str:
+        return self._notes()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._notes())
+
+    def __len__(self) -> int:
+        return len(self._notes())
+
+
+#: What each technique becomes in the artifact, from its class (tests check that every registered one says).
+TECHNIQUE_NOTES: Mapping[str, str] = _Notes()
 
 
 def environment_differences(
@@ -175,16 +170,7 @@ def build_manifest(
         "chosen_by": selection.chosen_by,
         "config": candidate.config,
         "description": candidate.description,
-        "techniques": [
-            {
-                "name": t.name,
-                "family": t.family,
-                "params": t.params(),
-                "backend": t.backend(device),
-                "in_the_artifact": TECHNIQUE_NOTES.get(t.name, "applied by pareto before serialization"),
-            }
-            for t in config.techniques
-        ],
+        "techniques": [technique_entry(t, device) for t in config.techniques],
         "metrics": candidate.metrics,
         "metrics_note": "measured when the trial ran, not by this export; metrics.method says how",
         "confirmation": candidate.confirmation,
@@ -199,6 +185,18 @@ def build_manifest(
         "reload_check": check,
         "files": files,
         "files_note": "SHA-256 of every file this export wrote beside this manifest",
+    }
+
+
+def technique_entry(technique: Technique, device: str) -> dict[str, Any]:
+    """The manifest's line for one technique: what it is and, from its class, what it becomes in the artifact."""
+    note = technique.artifact_note
+    return {
+        "name": technique.name,
+        "family": technique.family,
+        "params": technique.params(),
+        "backend": technique.backend(device),
+        "in_the_artifact": note if note is not None else UNNOTED,
     }
 
 
