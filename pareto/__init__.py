@@ -6,6 +6,8 @@ torch; ``search`` runs the measurements (and imports torch and Optuna when calle
 
 from __future__ import annotations
 
+from pareto._version import __version__ as __version__
+
 # the public API (``__all__``); no function here shares its name with a module of the package (a test
 # checks): the search runs in `pareto.study`, the nightly job in `pareto.drift`, the frontier in `pareto.front`
 from pareto.api import (
@@ -40,4 +42,3 @@ __all__ = [
     "studies",
     "trials",
 ]
-__version__ = "0.1.0"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import click
 
 from pareto._cli.options import db_option, json_option, out, print_json
+from pareto.api import calibrate as run
+from pareto.report.tables import profile_table
 
 
 @click.command("calibrate")
@@ -21,13 +23,11 @@ from pareto._cli.options import db_option, json_option, out, print_json
 @json_option
 def command(device: str, threads: int | None, seconds: float, db: str | None, as_json: bool) -> None:
     """Measure this machine's peak FLOP/s per dtype and memory bandwidth; store them as its profile."""
-    from pareto.api import calibrate as run
 
     profile = run(device=device, threads=threads, seconds=seconds, db=db)
     if as_json:
         print_json(profile)
         return
-    from pareto.report.tables import profile_table
 
     out.print(profile_table([profile], title=f"Calibrated: {profile['description']}"))
     out.print(f"method: {profile['method']}", markup=False)

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 import click
 
 from pareto._cli.options import db_option, json_option, limits_options, out, print_json
+from pareto.api import confirm as run
+from pareto.report.tables import confirmation_table
 
 if TYPE_CHECKING:
     from pareto.limits import Limits
@@ -42,12 +44,10 @@ def command(
     as_json: bool,
 ) -> None:
     """Re-measure the best configurations in interleaved rounds with the baseline; `best` then prefers them."""
-    from pareto.api import confirm as run
 
     result = run(limits, top=top, margin=margin, device=device, threads=threads, db=db)
     if as_json:
         print_json(result)
         return
-    from pareto.report.tables import confirmation_table
 
     out.print(confirmation_table(result))

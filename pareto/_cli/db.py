@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from pareto._cli.options import db_option, out
+from pareto.store.engine import current_revision, display_url, open_engine, resolve_url, upgrade
 
 
 @click.group("db")
@@ -16,7 +17,6 @@ def command() -> None:
 @db_option
 def db_upgrade(db: str | None) -> None:
     """Create or migrate pareto's tables to the latest revision."""
-    from pareto.store.engine import current_revision, display_url, open_engine, resolve_url, upgrade
 
     engine = open_engine(resolve_url(db))
     upgrade(engine)

@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from pareto._cli.options import db_option, err, json_option, limits_options, out, print_json
+from pareto.api import explain
 from pareto.units import format_ms
 
 if TYPE_CHECKING:
@@ -25,7 +26,6 @@ _STYLES = {"chosen": "bold green", "misses": "red", "dominated": "dim", "tie": "
 @json_option
 def command(limits: Limits, db: str | None, as_json: bool) -> None:
     """Why each frontier configuration was or was not chosen for these limits."""
-    from pareto.api import explain
 
     result = explain(limits, db=db)
     if result["environment"].get("note"):

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import click
 
 from pareto._cli.options import db_option, err, json_option, limits_options, out, print_json
+from pareto.export.bundle import export
 
 if TYPE_CHECKING:
     from pareto.limits import Limits
@@ -35,7 +36,6 @@ def command(
     The artifact is checked before it is kept: loaded in a fresh Python process without pareto, its
     outputs on the task's example input must match the compressed model's. The database is only read.
     """
-    from pareto.export.bundle import export
 
     result = export(limits, out_dir=output, trial=trial, best=use_best, force=force, db=db)
     for warning in result.warnings:

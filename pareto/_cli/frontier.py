@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from pareto._cli.options import db_option, environment_note, json_option, limits_options, out, print_json
+from pareto.api import frontier as query
+from pareto.report.tables import frontier_table
 
 if TYPE_CHECKING:
     from pareto.limits import Limits
@@ -18,7 +20,6 @@ if TYPE_CHECKING:
 @json_option
 def command(limits: Limits, db: str | None, as_json: bool) -> None:
     """The Pareto frontier of a study: accuracy against the P99 upper bound."""
-    from pareto.api import frontier as query
 
     front = query(limits, db=db)
     if front:
@@ -26,7 +27,6 @@ def command(limits: Limits, db: str | None, as_json: bool) -> None:
     if as_json:
         print_json(front)
         return
-    from pareto.report.tables import frontier_table
 
     groups: dict[str, list[dict[str, Any]]] = {}
     for row in front:

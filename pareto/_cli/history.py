@@ -5,6 +5,8 @@ from __future__ import annotations
 import click
 
 from pareto._cli.options import db_option, json_option, out, print_json, study_option
+from pareto.api import history as query
+from pareto.report.tables import history_table
 
 
 @click.command("history")
@@ -13,12 +15,10 @@ from pareto._cli.options import db_option, json_option, out, print_json, study_o
 @json_option
 def command(study: str | None, db: str | None, as_json: bool) -> None:
     """Every nightly run of a study: status, pick before and after, its P99, regressions, environment changes."""
-    from pareto.api import history as query
 
     rows = query(study=study, db=db)
     if as_json:
         print_json(rows)
         return
-    from pareto.report.tables import history_table
 
     out.print(history_table(rows))

@@ -5,8 +5,11 @@ from __future__ import annotations
 import click
 
 from pareto._cli.options import DURATION, STUDY_NAME, db_option, err, json_option, out, print_json
+from pareto.api import measure as run
+from pareto.api import remeasure
 from pareto.errors import UsageError
 from pareto.naming import BACKENDS
+from pareto.report.tables import measure_card, remeasure_card
 
 
 @click.command("measure")
@@ -90,7 +93,6 @@ def command(
         return
     if study is not None:
         raise UsageError("--study needs --trial N: name the stored trial to measure again.")
-    from pareto.api import measure as run
 
     card = run(
         task,
@@ -114,7 +116,6 @@ def command(
     if as_json:
         print_json(card)
         return
-    from pareto.report.tables import measure_card
 
     out.print(measure_card(card))
     for note in notes:
@@ -124,7 +125,6 @@ def command(
 def _remeasure(
     study: str | None, trial: int, slo_p99: str | None, device: str | None, db: str | None, as_json: bool
 ) -> None:
-    from pareto.api import remeasure
 
     card = remeasure(study=study, trial=trial, slo_p99=slo_p99, device=device, db=db)
     notes = card.pop("notes")
@@ -133,6 +133,5 @@ def _remeasure(
     if as_json:
         print_json(card)
         return
-    from pareto.report.tables import remeasure_card
 
     out.print(remeasure_card(card))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import click
 
 from pareto._cli.options import DURATION, STUDY_NAME, db_option, err, json_option, out, print_json
+from pareto.api import nightly as run
+from pareto.report.tables import ProgressReporter, nightly_card
 
 
 @click.command("nightly")
@@ -23,8 +25,6 @@ def command(
     as_json: bool,
 ) -> int:
     """Re-measure a study's pick and frontier, search on, report regressions (exit 3) and keep history."""
-    from pareto.api import nightly as run
-    from pareto.report.tables import ProgressReporter
     from pareto.spec import load_nightly
 
     overrides = {"study": study, "task": task, "nightly.time_budget": time_budget}
@@ -34,8 +34,6 @@ def command(
     if as_json:
         print_json(result.summary)
     else:
-        from pareto.report.tables import nightly_card
-
         out.print(nightly_card(result.summary))
     err.print(f"Summary written to {result.markdown_path} and {result.json_path}.", markup=False)
     return result.exit_code

@@ -11,6 +11,7 @@ import click
 from rich.console import Console
 
 from pareto.errors import UsageError
+from pareto.limits import Limits
 from pareto.units import parse_duration_ms, parse_rate_per_s, parse_size_bytes
 
 # piped or captured output gets full-width tables instead of rich's 80-column default
@@ -86,8 +87,6 @@ def limits_options(func: Any) -> Any:
 
     @functools.wraps(func)
     def command(*args: Any, **kwargs: Any) -> Any:
-        from pareto.limits import Limits
-
         given = {name: kwargs.pop(name) for name in LIMIT_OPTIONS}
         return func(*args, limits=Limits(**given), **kwargs)
 

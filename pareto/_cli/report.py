@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import click
 
 from pareto._cli.options import count, db_option, err, limits_options, out
+from pareto.report.html import write_report
 
 if TYPE_CHECKING:
     from pareto.limits import Limits
@@ -31,7 +32,6 @@ def command(limits: Limits, out_dir: Path, force: bool, db: str | None) -> None:
     The page (DIR/index.html) needs nothing but the PNGs beside it; nothing in the database changes.
     Needs matplotlib: pip install 'pareto-slo[report]'.
     """
-    from pareto.report.html import write_report
 
     result = write_report(out_dir, limits, force=force, db=db)
     if result["note"]:

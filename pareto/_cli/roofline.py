@@ -5,6 +5,8 @@ from __future__ import annotations
 import click
 
 from pareto._cli.options import db_option, json_option, out, print_json
+from pareto.api import roofline as run
+from pareto.report.tables import roofline_table
 
 
 @click.command("roofline")
@@ -18,12 +20,10 @@ from pareto._cli.options import db_option, json_option, out, print_json
 @json_option
 def command(task: str, hardware: str, batch_size: int | None, device: str, db: str | None, as_json: bool) -> None:
     """Where each layer type of a model sits on the roofline, to predict which techniques can pay off."""
-    from pareto.api import roofline as run
 
     result = run(task, hardware=hardware, batch_size=batch_size, device=device, db=db)
     if as_json:
         print_json(result)
         return
-    from pareto.report.tables import roofline_table
 
     out.print(roofline_table(result))

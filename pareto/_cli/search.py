@@ -19,7 +19,9 @@ from pareto._cli.options import (
     slo_options,
     throughput_option,
 )
+from pareto.api import search as run
 from pareto.naming import BACKENDS, SAMPLER_HELP, SamplerName
+from pareto.report.tables import ProgressReporter, best_card, confirmation_table, frontier_table
 
 if TYPE_CHECKING:
     from pareto.study.result import SearchResult
@@ -113,7 +115,6 @@ def command(
     **flags: Any,
 ) -> int:
     """Search compression configurations, measuring every trial; re-running continues the study."""
-    from pareto.api import search as run
     from pareto.spec import load_spec, load_stored_spec
 
     overrides = {key: flags[flag] for key, flag in _SPEC_FLAGS.items()}
@@ -123,7 +124,6 @@ def command(
     spec = load_stored_spec(spec_json) if spec_json else load_spec(config_path, overrides)
     if flags["no_guard"]:
         spec = spec.model_copy(update={"measure": spec.measure.model_copy(update={"contention_limit": None})})
-    from pareto.report.tables import ProgressReporter
 
     with ProgressReporter(err, enabled=as_worker or not as_json) as reporter:
         result = run(spec, db=db, reporter=reporter, workers=workers)
@@ -162,8 +162,6 @@ _SPEC_FLAGS = {
 
 
 def _print_search(result: SearchResult) -> None:
-    from pareto.report.tables import best_card, confirmation_table, frontier_table
-
     if result.interrupted:
         err.print(
             f"Interrupted: {count(result.measured, 'trial')} measured in this run, all stored. "

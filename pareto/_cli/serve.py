@@ -12,6 +12,8 @@ import click
 
 from pareto._cli.options import db_option, err
 from pareto.errors import ParetoError, UsageError
+from pareto.serve import create_app
+from pareto.store.engine import open_engine, require_schema, resolve_url
 
 
 @click.command("serve")
@@ -36,12 +38,10 @@ def command(db: str | None, host: str, port: int, token_file: str | None, allowe
     try:
         import uvicorn
 
-        from pareto.serve import create_app
     except ImportError as exc:
         raise ParetoError(
             f"pareto serve needs FastAPI and uvicorn ({exc.name or exc} is missing): pip install 'pareto-slo[serve]'."
         ) from exc
-    from pareto.store.engine import open_engine, require_schema, resolve_url
 
     url = resolve_url(db)
     engine = open_engine(url, create=False)  # a missing SQLite file or a database that does not answer: refuse now

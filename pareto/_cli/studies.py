@@ -6,6 +6,8 @@ import click
 from rich.table import Table
 
 from pareto._cli.options import count, db_option, err, json_option, out, print_json, study_option
+from pareto.api import create_study, delete_study
+from pareto.api import studies as query
 from pareto.errors import UsageError
 from pareto.units import format_ms
 
@@ -18,7 +20,6 @@ def command(ctx: click.Context, db: str | None, as_json: bool) -> None:
     """The studies in the database: trial counts, environments, last nightly. `studies delete NAME` removes one."""
     if ctx.invoked_subcommand is not None:
         return
-    from pareto.api import studies as query
 
     rows = query(db=db)
     if as_json:
@@ -60,7 +61,6 @@ def studies_create(
     config_path: str | None, task: str | None, study: str | None, objectives: str | None, db: str | None
 ) -> None:
     """Create a study before its workers start (a study-creator job); an existing one is checked and kept."""
-    from pareto.api import create_study
     from pareto.spec import load_spec
 
     overrides = {"task": task, "study": study, "objectives": objectives.split(",") if objectives else None}
@@ -74,8 +74,6 @@ def studies_create(
 @db_option
 def studies_delete(name: str, yes: bool, db: str | None) -> int:
     """Remove study NAME: its trials, measurements, runs, nightly history, and Optuna's study of that name."""
-    from pareto.api import delete_study
-    from pareto.api import studies as query
 
     known = {r["study"]: r for r in query(db=db)}
     if name not in known:

@@ -7,6 +7,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from pareto._cli.options import json_option, out, print_json
+from pareto.api import techniques as run
+from pareto.machine import describe_cpu_features
+from pareto.measure.environment import host_cpu
 from pareto.naming import BACKENDS
 
 
@@ -16,7 +19,6 @@ from pareto.naming import BACKENDS
 @json_option
 def command(device: str, task: str | None, as_json: bool) -> None:
     """Every compression technique, its parameters, and whether it can run here (and if not, why)."""
-    from pareto.api import techniques as run
 
     listing = run(device=device, task=task)
     if as_json:
@@ -40,9 +42,6 @@ def command(device: str, task: str | None, as_json: bool) -> None:
         )
     out.print(table)
     if any(t.get("on_this_cpu") for t in listing):  # judged on the CPU
-        from pareto.machine import describe_cpu_features
-        from pareto.measure.environment import host_cpu
-
         features, capability = host_cpu()
         out.print(f"This CPU: {describe_cpu_features(features)}; torch dispatches its own kernels at {capability}.")
     out.print(

@@ -39,6 +39,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from pareto.locks import timing_lock
+
 #: The reference's name: its shape and seed. A different kind is a different reference, never compared.
 KIND = "mlp-256x3-seed0"
 _WIDTH, _LAYERS, _SEED = 256, 3, 0
@@ -307,7 +309,6 @@ def size_batch(
     from contextlib import nullcontext
 
     from pareto.devices import torch_threads
-    from pareto.locks import timing_lock
 
     best, best_gap, batch = 1, math.inf, 1
     held = timing_lock(device, what="sizing the nightly's reference") if device.startswith("cuda") else nullcontext()
