@@ -183,7 +183,7 @@ def _each(levers: list[tuple[str, list[str]]], built: list[tuple[str, Built]]) -
 def technique_levers(bench: Bench) -> list[tuple[str, list[str]]]:
     """The baseline, then every technique available on the bench's device for its task that serves
     on eager, alone, with the parameters its availability was judged with."""
-    from pareto.compress.base import describe_techniques
+    from pareto.compress import describe_techniques
 
     levers: list[tuple[str, list[str]]] = [(BASELINE, [])]
     for entry in describe_techniques(bench.device, bench.task):

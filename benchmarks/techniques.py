@@ -221,7 +221,7 @@ def _allow_recompiles() -> None:
     limit of 8 it would run a row's later calls eagerly, silently. Raised, and made an error."""
     import torch._dynamo.config as dynamo_config
 
-    from pareto.compress.compile import recompile_settings
+    from pareto.devices import recompile_settings
 
     for name, value in recompile_settings(256).items():
         setattr(dynamo_config, name, value)

@@ -205,3 +205,15 @@ def torch_threads(threads: int | None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(previous)
+
+
+def recompile_settings(limit: int) -> dict[str, Any]:
+    """Dynamo's settings for at most ``limit`` graphs per compiled frame, with a hit an error: past its
+    limit Dynamo would otherwise run the frame eagerly, silently (for a PT2E graph, the float graph)."""
+    import torch._dynamo.config as dynamo_config
+
+    name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"  # torch < 2.6
+    settings: dict[str, Any] = {name: limit}
+    if hasattr(dynamo_config, "fail_on_recompile_limit_hit"):
+        settings["fail_on_recompile_limit_hit"] = True
+    return settings

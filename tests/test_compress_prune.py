@@ -372,7 +372,7 @@ _SM80 = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 
 @pytest.mark.parametrize("cast", [[], ["fp16"]], ids=["fp32", "fp16"])
 def test_two_four_packs_linear_weights_on_cuda(cast: list[str]) -> None:
     from pareto.compress import get_technique
-    from pareto.compress.prune import semi_structured_linears
+    from pareto.compress.sparse import semi_structured_linears
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 32)).eval()

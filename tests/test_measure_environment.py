@@ -119,8 +119,8 @@ def test_cpus_with_other_kernel_features_never_share_an_environment_key(monkeypa
 
 def test_techniques_say_what_this_cpus_instructions_do_for_them(monkeypatch: pytest.MonkeyPatch) -> None:
     import pareto.measure.environment as environment
-    from pareto.compress.base import describe_techniques
-    from pareto.compress.cpu import on_this_cpu
+    from pareto.compress import describe_techniques
+    from pareto.compress.availability import on_this_cpu
 
     amx = str(_fingerprint_on(monkeypatch, SAPPHIRE_RAPIDS)["cpu_features"])
     avx512 = str(_fingerprint_on(monkeypatch, CASCADE_LAKE)["cpu_features"])
@@ -138,7 +138,7 @@ def test_techniques_say_what_this_cpus_instructions_do_for_them(monkeypatch: pyt
 
 
 def test_kernels_held_below_the_cpu_are_what_the_facts_and_the_key_follow(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pareto.compress.cpu import on_this_cpu
+    from pareto.compress.availability import on_this_cpu
 
     for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "FBGEMM_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY"):
         monkeypatch.delenv(name, raising=False)

@@ -260,7 +260,7 @@ def test_nightly_bad_input_is_one_sentence(tmp_path: Path) -> None:
 def test_a_regression_the_second_pass_does_not_find_makes_a_noisy_night(
     db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pareto.drift.stats import nightly as _nightly
+    from pareto.drift import nightly as _nightly
 
     monkeypatch.delenv("PARETO_TEST_SLOWDOWN_MS", raising=False)
     run_search(_spec(), db_url=db_url)
@@ -309,7 +309,7 @@ def _preferred(db_url: str) -> dict[int, int]:
 def test_an_interrupted_night_changes_no_answer(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # SIGTERM (a CronJob's deadline) after the night's re-measurements were stored: they stay stored, held,
     # and best answers from what it answered before the night; the next night with a verdict promotes its own
-    from pareto.drift.stats import nightly as _nightly
+    from pareto.drift import nightly as _nightly
 
     monkeypatch.delenv("PARETO_TEST_SLOWDOWN_MS", raising=False)
     run_search(_spec(), db_url=db_url)

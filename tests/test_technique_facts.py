@@ -13,9 +13,10 @@ import pytest
 from torch import nn
 
 import pareto.measure.environment as environment
-from pareto.compress import base
-from pareto.compress.base import Family, Technique, describe_techniques, register, registry
-from pareto.compress.cpu import INT8_DOT_PRODUCTS, Cast, CpuRule, cpu_facts, kernel_library, on_this_cpu
+from pareto.compress import base, describe_techniques
+from pareto.compress.availability import cpu_facts, kernel_library, on_this_cpu
+from pareto.compress.base import Family, Technique, register, registry
+from pareto.compress.cpu import INT8_DOT_PRODUCTS, Cast, CpuRule
 from pareto.export.manifest import TECHNIQUE_NOTES, UNNOTED, technique_entry
 from pareto.spec import default_cuda_space
 
@@ -124,7 +125,9 @@ def test_a_new_technique_gets_its_cuda_default_from_its_class(toys: None) -> Non
 
 
 def test_a_new_technique_gets_its_cpu_rule_from_its_class(toys: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pareto.compress.cpu import INT8, LEVERS
+    from pareto.compress.availability import int8, levers
+
+    INT8, LEVERS = int8(), levers()
 
     assert on_this_cpu("toy_cast", "avx2 toy_tiles") == "native: toy tiles"
     assert on_this_cpu("toy_cast", "avx2") == "not native: slow"
@@ -149,7 +152,9 @@ def test_a_new_technique_gets_its_cpu_rule_from_its_class(toys: None, monkeypatc
 
 
 def test_the_toys_leave_no_trace() -> None:
-    from pareto.compress.cpu import LEVERS
+    from pareto.compress.availability import levers
+
+    LEVERS = levers()
     from pareto.spec import DEFAULT_CUDA_SPACE
 
     assert not {"toy_cast", "toy_int8", "toy_plain"} & (set(registry()) | set(LEVERS) | set(TECHNIQUE_NOTES))

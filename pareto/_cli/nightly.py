@@ -7,6 +7,7 @@ import click
 from pareto._cli.options import DURATION, STUDY_NAME, db_option, err, json_option, out, print_json
 from pareto.api import nightly as run
 from pareto.report.tables import ProgressReporter, nightly_card
+from pareto.spec import load_nightly
 
 
 @click.command("nightly")
@@ -25,7 +26,6 @@ def command(
     as_json: bool,
 ) -> int:
     """Re-measure a study's pick and frontier, search on, report regressions (exit 3) and keep history."""
-    from pareto.spec import load_nightly
 
     overrides = {"study": study, "task": task, "nightly.time_budget": time_budget}
     spec, settings, config_db = load_nightly(config_path, overrides)

@@ -22,6 +22,7 @@ from pareto._cli.options import (
 from pareto.api import search as run
 from pareto.naming import BACKENDS, SAMPLER_HELP, SamplerName
 from pareto.report.tables import ProgressReporter, best_card, confirmation_table, frontier_table
+from pareto.spec import load_spec, load_stored_spec
 
 if TYPE_CHECKING:
     from pareto.study.result import SearchResult
@@ -115,7 +116,6 @@ def command(
     **flags: Any,
 ) -> int:
     """Search compression configurations, measuring every trial; re-running continues the study."""
-    from pareto.spec import load_spec, load_stored_spec
 
     overrides = {key: flags[flag] for key, flag in _SPEC_FLAGS.items()}
     overrides["objectives"] = flags["objectives"].split(",") if flags["objectives"] else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pareto.compress import (  # noqa: F401  (register the techniques)
+    availability,
     compile,
     distill,
     finetune,
@@ -13,17 +14,17 @@ from pareto.compress import (  # noqa: F401  (register the techniques)
     pt2e,
     quantize,
 )
+from pareto.compress.availability import backend_reason, describe_techniques, why_not_here
 from pareto.compress.base import (
     BACKENDS,
     CANONICAL_ORDER,
     Backend,
     Technique,
-    describe_techniques,
     get_technique,
     register,
     registry,
 )
-from pareto.compress.pipeline import Config, apply, backend_reason, why_not_here
+from pareto.compress.pipeline import Config, apply
 from pareto.compress.served import GraphPool, Served, Step
 
 __all__ = [

@@ -6,16 +6,11 @@ in the spirit of ``quantize_(model, Config())``: easy to store, hash, compare an
 
 from __future__ import annotations
 
-import types
-import typing
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-import annotated_types
 from pydantic import BaseModel, ConfigDict
-from pydantic.fields import FieldInfo
 
-from pareto.compress.kernels import kernel_reason
 from pareto.compress.served import Step
 from pareto.errors import UsageError
 from pareto.measure import environment
@@ -204,9 +199,8 @@ def register(cls: type[Technique]) -> type[Technique]:
 
 
 def registry() -> dict[str, type[Technique]]:
-    """All registered techniques by name (importing the built-in ones first)."""
-    import pareto.compress  # noqa: F401  (registers the built-in techniques)
-
+    """All registered techniques by name (the built-in ones are registered by importing any module of
+    ``pareto.compress``: the package imports them all first)."""
     return dict(_REGISTRY)
 
 
@@ -230,52 +224,6 @@ def get_technique(name: str, params: dict[str, Any] | None = None) -> Technique:
         where = ".".join(str(p) for p in err["loc"]) or "parameters"
         message = err["msg"].removeprefix("Value error, ").rstrip(".")
         raise UsageError(f"Technique {name!r}: {where}: {message}.") from exc
-
-
-def describe_techniques(device: str, task: Task | None = None) -> list[dict[str, Any]]:
-    """Every registered technique with its parameters and whether it can run on ``device`` for ``task``.
-
-    Each entry is ``{"name", "family", "summary", "parameters", "available", "reason", "backend", "backends",
-    "judged_with", "on_this_cpu"}``;
-    ``parameters`` maps each parameter to a short type/range text, ``backend`` names the library
-    whose kernels would run (None where the technique does not say or cannot run), ``backends`` the
-    serving backends a configuration with it can use, ``judged_with`` the parameters availability was
-    judged with, ``on_this_cpu`` (on the CPU) what this CPU's instructions do for it
-    (``Technique.cpu_facts``; None where they do not decide). Entries come in canonical
-    family order, then by name. Availability is judged on the technique built from its defaults
-    and ``example`` values, with ``task`` seen on ``device`` as a bench sees it
-    (``pareto.devices.on_device``): a trial run (``prune_structured``'s) runs there, under that
-    device's rules (widths kept at multiples of 8 on CUDA). On a CUDA device it also needs a probe
-    through the technique's kernels to have run there (``pareto.compress.kernels``).
-
-    Example::
-
-        >>> [t["name"] for t in describe_techniques("cpu") if t["family"] == "lowrank"]
-        ['lowrank']
-    """
-    from pareto.devices import on_device
-
-    view = on_device(task, device) if task is not None else None
-    techniques = sorted(registry().values(), key=canonical_key)
-    listing = []
-    for cls in techniques:
-        technique = cls(**cls.example)
-        reason = technique.available(device, view) or kernel_reason(technique, device)
-        listing.append(
-            {
-                "name": cls.name,
-                "family": cls.family,
-                "summary": cls.summary,
-                "parameters": {name: _field_text(field) for name, field in cls.model_fields.items()},
-                "available": reason is None,
-                "reason": reason,
-                "backend": technique.backend(device) if reason is None else None,
-                "backends": list(cls.backends),
-                "judged_with": technique.params(),
-                "on_this_cpu": cls.cpu_facts() if device == "cpu" else None,
-            }
-        )
-    return listing
 
 
 def cuda_capability(device: str) -> tuple[int, int] | None:
@@ -308,41 +256,7 @@ def round_up(units: int, multiple: int) -> int:
     return -(-units // multiple) * multiple
 
 
-def _field_text(field: FieldInfo) -> str:
-    """``"float in (0, 1]"``, ``"int >= 1, default 200"``, ``"one of 'a', 'b'; default 'a'"``."""
-    annotation = field.annotation
-    optional = False
-    args = typing.get_args(annotation)
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and type(None) in args:
-        optional = True
-        rest = [a for a in args if a is not type(None)]
-        annotation = rest[0] if len(rest) == 1 else annotation
-    if typing.get_origin(annotation) is Literal:
-        text = "one of " + ", ".join(repr(v) for v in typing.get_args(annotation))
-    else:
-        text = getattr(annotation, "__name__", str(annotation)) + _bounds(field)
-    if optional:
-        text += " or null"
-    if not field.is_required():
-        text += f", default {field.default!r}" if field.default is not None else ", default null"
-    return text
+def describe_techniques(*args: Any, **kwargs: Any) -> Any:  # TEMP-37: moved; removed when its callers import it
+    from pareto.compress.availability import describe_techniques as moved
 
-
-def _bounds(field: FieldInfo) -> str:
-    low = high = None
-    for meta in field.metadata:
-        if isinstance(meta, annotated_types.Gt):
-            low = f"({meta.gt}"
-        elif isinstance(meta, annotated_types.Ge):
-            low = f"[{meta.ge}"
-        elif isinstance(meta, annotated_types.Lt):
-            high = f"{meta.lt})"
-        elif isinstance(meta, annotated_types.Le):
-            high = f"{meta.le}]"
-    if low and high:
-        return f" in {low}, {high}"
-    if low:
-        return (" > " if low[0] == "(" else " >= ") + low[1:]
-    if high:
-        return (" < " if high[-1] == ")" else " <= ") + high[:-1]
-    return ""
+    return moved(*args, **kwargs)

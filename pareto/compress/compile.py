@@ -17,7 +17,7 @@ from torch import nn
 from pareto.compress.base import Backend, Family, Technique, register
 from pareto.compress.cpu import INDUCTOR_VECTORS, CpuRule
 from pareto.compress.served import GraphPool, Step
-from pareto.devices import as_args, model_device
+from pareto.devices import as_args, model_device, recompile_settings
 from pareto.errors import TechniqueError
 
 if TYPE_CHECKING:
@@ -248,18 +248,6 @@ class FrozenCompiled(_Compiled):
             output = self._compiled(*args)
         self._signatures.add(signature)
         return output
-
-
-def recompile_settings(limit: int) -> dict[str, Any]:
-    """Dynamo's settings for at most ``limit`` graphs per compiled frame, with a hit an error: past its
-    limit Dynamo would otherwise run the frame eagerly, silently (for a PT2E graph, the float graph)."""
-    import torch._dynamo.config as dynamo_config
-
-    name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"  # torch < 2.6
-    settings: dict[str, Any] = {name: limit}
-    if hasattr(dynamo_config, "fail_on_recompile_limit_hit"):
-        settings["fail_on_recompile_limit_hit"] = True
-    return settings
 
 
 def _signature(args: tuple[Any, ...]) -> tuple[Any, ...]:

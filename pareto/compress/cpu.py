@@ -11,7 +11,7 @@ AMX int8. The features are read from the environment (``pareto.measure.environme
 
 Each technique declares its own rule (``Technique.cpu_native``: a ``Cast`` with its flags, the shared
 ``INT8_DOT_PRODUCTS`` or ``INDUCTOR_VECTORS``) and whose kernels it runs (``Technique.cpu_kernels``);
-this module holds the rules and answers by technique name through the registry.
+this module holds the rules; ``pareto.compress.availability`` answers by technique name.
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ from __future__ import annotations
 from collections.abc import Set
 from dataclasses import dataclass
 from typing import ClassVar
-
-from pareto.compress.base import registry
 
 
 @dataclass(frozen=True)
@@ -85,48 +83,15 @@ INT8_DOT_PRODUCTS = Int8DotProducts()
 INDUCTOR_VECTORS = InductorVectors()
 
 
-def levers() -> tuple[str, ...]:
-    """The CPU's levers: what its instructions decide the speed of (a technique whose ``cpu_native`` is a
-    lever), by name. Before a search on a CPU each one in the space is timed beside float32 on a layer of
-    the task's widths (``pareto.study.space_checks``)."""
-    return tuple(sorted(name for name, cls in registry().items() if cls.cpu_native and cls.cpu_native.lever))
+def cpu_facts(name: str) -> str | None:  # TEMP-37: moved; removed when its callers import it
+    from pareto.compress.availability import cpu_facts as moved
+
+    return moved(name)
 
 
-def int8() -> tuple[str, ...]:
-    """The techniques whose speed on a CPU turns on its int8 instructions, by name."""
-    return tuple(sorted(name for name, cls in registry().items() if isinstance(cls.cpu_native, Int8DotProducts)))
+def __getattr__(name: str) -> tuple[str, ...]:  # TEMP-37
+    from pareto.compress import availability
 
-
-#: ``levers()`` and ``int8()``, read from the registry when asked (``__getattr__``): the techniques import
-#: this module, so they are not all registered while it runs.
-LEVERS: tuple[str, ...]
-INT8: tuple[str, ...]
-
-
-def __getattr__(name: str) -> tuple[str, ...]:
-    """``LEVERS`` and ``INT8``, computed on each access."""
     if name == "LEVERS":
-        return levers()
-    if name == "INT8":
-        return int8()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def kernel_library(name: str) -> str:
-    """Whose kernels technique ``name`` runs on a CPU, as ``pareto.measure.environment.host_cpu`` names them:
-    ONNX Runtime's MLAS, FBGEMM (PyTorch's dynamic int8) or oneDNN (casts, PT2E int8, Inductor)."""
-    cls = registry().get(name)
-    return cls.cpu_kernels if cls is not None else "onednn"
-
-
-def on_this_cpu(name: str, features: str | None, capability: str | None = None) -> str | None:
-    """What this CPU's instructions do for technique ``name`` (its ``KERNEL_FEATURES``, space-separated,
-    and torch's dispatch level); None for a technique they do not decide."""
-    cls = registry().get(name)
-    return cls.on_this_cpu(features, capability) if cls is not None else None
-
-
-def cpu_facts(name: str) -> str | None:
-    """What this CPU's instructions, as the kernels technique ``name`` runs on may use them, do for it."""
-    cls = registry().get(name)
-    return cls.cpu_facts() if cls is not None else None
+        return availability.levers()
+    raise AttributeError(name)

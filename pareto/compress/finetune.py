@@ -15,7 +15,7 @@ from pydantic import Field
 from torch import nn
 
 from pareto.compress.base import Family, Technique, register
-from pareto.compress.prune import semi_structured_linears, to_dense_weights, to_semi_structured_weights
+from pareto.compress.sparse import semi_structured_linears, to_dense_weights, to_semi_structured_weights
 from pareto.devices import as_args, model_device
 from pareto.errors import TechniqueError
 

@@ -28,7 +28,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pareto._version import __version__
 from pareto.errors import NoEffect, exception_line
+from pareto.measure.environment import cuda_driver, distribution_version
+from pareto.task import Task
 
 if TYPE_CHECKING:
     from pareto.compress.base import Technique
@@ -182,8 +185,6 @@ def probe_task() -> Task:
     import torch
     from torch import nn
 
-    from pareto.task import Task
-
     generator = torch.Generator().manual_seed(0)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
@@ -241,9 +242,6 @@ def _key(techniques: tuple[Technique, ...], device: str) -> str:
 
     import torch
 
-    import pareto
-    from pareto.measure.environment import cuda_driver, distribution_version
-
     index = torch.device(device).index or 0
     facts: dict[str, Any] = {
         "techniques": [[t.name, t.params()] for t in techniques],
@@ -253,7 +251,7 @@ def _key(techniques: tuple[Technique, ...], device: str) -> str:
         "torch": torch.__version__,
         "torchao": distribution_version("torchao"),
         "mslk": importlib.util.find_spec("mslk") is not None,
-        "pareto": pareto.__version__,
+        "pareto": __version__,
         "probe": probe_code(),
         "code": [technique_code(type(t)) for t in techniques],
     }

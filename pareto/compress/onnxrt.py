@@ -34,6 +34,7 @@ from pareto.compress.served import Step
 from pareto.compress.tracing import calibration_inputs, first_line, quiet, trace_first
 from pareto.devices import as_args
 from pareto.errors import NoEffect, TechniqueError
+from pareto.measure.environment import onnxruntime_version
 
 if TYPE_CHECKING:
     import onnx
@@ -52,20 +53,6 @@ def onnxruntime_reason() -> str | None:
     if not hasattr(torch.export.Dim, "AUTO"):  # dynamic axes the exporter may fix: torch 2.6 and newer
         return f"the onnxruntime backend needs torch 2.6 or newer for its ONNX export; this is {torch.__version__}."
     return None
-
-
-def onnxruntime_version() -> str | None:
-    """The installed ONNX Runtime's version, or None (recorded with every environment)."""
-    if importlib.util.find_spec("onnxruntime") is None:
-        return None
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("onnxruntime")
-    except PackageNotFoundError:  # an onnxruntime-gpu or nightly build under another distribution name
-        import onnxruntime
-
-        return str(onnxruntime.__version__)
 
 
 def device_reason(device: str) -> str | None:

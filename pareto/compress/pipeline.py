@@ -189,55 +189,6 @@ def _reason_kept(technique: Technique, build: Callable[[], Step]) -> Step:
         raise TechniqueError(f"{technique.describe()} failed on this model: {type(exc).__name__}: {exc}") from exc
 
 
-def technique_reason(technique: Technique, device: str, task: Task | None = None) -> str | None:
-    """Why ``technique`` cannot run on ``device`` for ``task``, or None: its own checks, then on a CUDA
-    device a probe through its real kernels (``pareto.compress.kernels``)."""
-    from pareto.compress.kernels import kernel_reason
-
-    return technique.available(device, task) or kernel_reason(technique, device)
-
-
-def backend_reason(backend: str, device: str) -> str | None:
-    """Why configurations cannot be served on ``backend`` on ``device`` ("cpu", "cuda:0") here, or None."""
-    if backend == "compile":
-        from pareto.compress.compile import Compile
-
-        return technique_reason(Compile(), device)
-    if backend == "onnxruntime":
-        from pareto.compress.onnxrt import device_reason
-
-        return device_reason(device)
-    return None
-
-
-def why_not_here(config: Config, task: Task | None, device: str) -> str | None:
-    """Why ``config`` cannot be built on ``device`` here (its backend, or one of its techniques), or None."""
-    why = backend_reason(config.backend, device)
-    if why is not None:
-        return f"the {config.backend} backend: {why.rstrip('.')}"
-    for technique in config.techniques:
-        why = technique_reason(technique, device, task)
-        if why is not None:
-            return f"{technique.name}: {why.rstrip('.')}"
-    return _pair_reason(config, device)
-
-
-def _pair_reason(config: Config, device: str) -> str | None:
-    """Why two of ``config``'s techniques cannot run together on this install, or one of them on the compile
-    backend (``Technique.pair_reason``, as a search's ``install_conflicts`` judges them), or None."""
-    for technique in config.techniques:
-        others = [t.name for t in config.techniques if t is not technique]
-        if config.backend == "compile":
-            others.append("compile")  # the backend serves through torch.compile's default mode
-        space = {name: [value] for name, value in technique.params().items()}
-        for other in others:
-            why = type(technique).pair_reason(other, device, space)
-            if why is not None:
-                beside = f"with {other}" if other in {t.name for t in config.techniques} else "on the compile backend"
-                return f"{technique.name} {beside}: {why.rstrip('.')}"
-    return None
-
-
 def _serve(served: Served, config: Config, task: Task) -> Step:
     """``served.module`` on the configuration's backend, with the seconds that took (None on eager)."""
     if config.backend == "compile":
@@ -272,3 +223,9 @@ def _route_around_fused_encoder_kernel(model: nn.Module) -> None:
             plain(m) for m in (layer.linear1, layer.linear2, getattr(layer.self_attn, "out_proj", None))
         ):
             layer.activation_relu_or_gelu = 0  # the fast path's gate: the layer runs module by module
+
+
+def technique_reason(*args: Any, **kwargs: Any) -> Any:  # TEMP-37: moved; removed when its callers import it
+    from pareto.compress.availability import technique_reason as moved
+
+    return moved(*args, **kwargs)

@@ -16,6 +16,8 @@ from torch.nn import functional as F
 from torch.nn.utils import prune as torch_prune
 
 from pareto.compress.base import Backend, Family, Technique, cuda_capability, register, round_up, width_multiple
+from pareto.compress.quantize import cast_for
+from pareto.compress.sparse import to_semi_structured_weights
 from pareto.devices import as_args, model_device
 from pareto.errors import TechniqueError
 
@@ -509,8 +511,6 @@ class TwoFourPrune(Technique):
         capability = cuda_capability(device)
         if capability is not None and capability >= (9, 0) and linears[0].weight.dtype == torch.float32:
             # cuSPARSELt, the one 2:4 backend on 9.x, takes half precision only: the model runs in bfloat16
-            from pareto.compress.quantize import cast_for
-
             cast = cast_for(model, torch.bfloat16, self)
             to_semi_structured_weights(linears)  # the same modules, in bfloat16 now
             return cast
@@ -542,36 +542,6 @@ def two_four_mask(weight: torch.Tensor) -> torch.Tensor:
     keep = groups.topk(2, dim=-1).indices
     mask = torch.zeros(groups.shape, dtype=torch.bool, device=weight.device).scatter_(-1, keep, True)
     return mask.reshape(rows, cols)
-
-
-def semi_structured_linears(model: nn.Module) -> list[nn.Linear]:
-    """``nn.Linear`` layers of ``model`` whose weight is packed 2:4 sparse."""
-    sparse_type = getattr(torch.sparse, "SparseSemiStructuredTensor", None)
-    if sparse_type is None:
-        return []
-    return [m for m in model.modules() if isinstance(m, nn.Linear) and isinstance(m.weight, sparse_type)]
-
-
-def to_dense_weights(linears: list[nn.Linear]) -> None:
-    """Unpack 2:4 sparse weights to dense ones holding the same zeros (to cast or train them)."""
-    for linear in linears:
-        linear.weight = nn.Parameter(linear.weight.detach().to_dense(), requires_grad=False)
-
-
-def to_semi_structured_weights(linears: list[nn.Linear]) -> None:
-    """Pack 2:4-patterned dense weights for Sparse Tensor Cores (cuSPARSELt, else CUTLASS)."""
-    for linear in linears:
-        dense = linear.weight.detach().contiguous()
-        lt = getattr(torch.sparse, "SparseSemiStructuredTensorCUSPARSELT", None)
-        cutlass = getattr(torch.sparse, "SparseSemiStructuredTensorCUTLASS", None)
-        half = dense.dtype in (torch.float16, torch.bfloat16)
-        if lt is not None and half and torch.backends.cusparselt.is_available():
-            packed = lt.from_dense(dense)
-        elif cutlass is not None:
-            packed = cutlass.from_dense(dense)  # the one backend that also takes float32
-        else:
-            packed = torch.sparse.to_sparse_semi_structured(dense)
-        linear.weight = nn.Parameter(packed, requires_grad=False)
 
 
 def _two_four_linears(model: nn.Module) -> list[nn.Linear]:

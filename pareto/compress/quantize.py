@@ -24,7 +24,7 @@ from torch import nn
 from pareto.compress import kernels as kernel_probes
 from pareto.compress.base import Backend, Family, Technique, cuda_capability, get_technique, register
 from pareto.compress.cpu import INT8_DOT_PRODUCTS, Cast, CpuRule
-from pareto.compress.prune import semi_structured_linears, to_dense_weights, to_semi_structured_weights
+from pareto.compress.sparse import semi_structured_linears, to_dense_weights, to_semi_structured_weights
 from pareto.compress.tracing import quiet
 from pareto.errors import TechniqueError
 

@@ -26,14 +26,12 @@ from typing import Any
 
 from pareto.drift.stats import NoiseBand
 from pareto.front import p99_verdict
+from pareto.spec import DEFAULT_REGRESSION_P_VALUE, DEFAULT_REGRESSION_THRESHOLD
 
-#: A P99 must grow by more than this factor to count as slower. asv's default is 1.1, for a dedicated
-#: benchmark machine; between two nightlies on a shared 2-core cloud VM the same configuration's P99
-#: moved by up to 1.6x with nothing changed (BENCHMARKS.md), and rounds within one run share that
-#: run's state, so the U test alone cannot tell such drift from a change. Lower it on a quiet machine.
-DEFAULT_THRESHOLD = 2.0
-#: asv's significance level for its Mann-Whitney U test.
-DEFAULT_P_VALUE = 0.002
+#: A P99 must grow by more than this factor to count as slower; asv's significance level for its
+#: Mann-Whitney U test (the nightly settings' defaults, where the spec explains them).
+DEFAULT_THRESHOLD = DEFAULT_REGRESSION_THRESHOLD
+DEFAULT_P_VALUE = DEFAULT_REGRESSION_P_VALUE
 
 
 @dataclass(frozen=True)

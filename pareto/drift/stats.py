@@ -41,8 +41,10 @@ from typing import Any
 
 import numpy as np
 
+from pareto.spec import DEFAULT_FALSE_ALARM
+
 #: One pass's chance of calling an unchanged night slower (one-sided); the second pass lowers it further.
-FALSE_ALARM = 0.01
+FALSE_ALARM = DEFAULT_FALSE_ALARM
 #: The detection probability at which the smallest detectable slowdown is stated.
 POWER = 0.95
 #: Fewest residuals from which the band is learned; below, ``DEFAULT_SIGMA``.

@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pareto._version import __version__
 from pareto.export.artifact import ONNX, TORCH_EXPORT, TORCHSCRIPT, Artifact
 from pareto.export.check import tensors
 
@@ -153,8 +154,6 @@ def build_manifest(
     check: dict[str, Any],
 ) -> dict[str, Any]:
     """The ``manifest.json`` of an export: what it holds, how to load and serve it, and what the check found."""
-    import pareto
-
     candidate = selection.candidate
     compile_mode = next(
         (str(t.params().get("mode", "default")) for t in config.techniques if t.name == "compile"),
@@ -162,7 +161,7 @@ def build_manifest(
     )
     return {
         "manifest_version": MANIFEST_VERSION,
-        "pareto_version": pareto.__version__,
+        "pareto_version": __version__,
         "exported_at": datetime.now(timezone.utc).isoformat(),
         "study": selection.study,
         "task": selection.task,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import platform
 import re
@@ -68,8 +69,6 @@ def fingerprint(device: str, threads: int) -> dict[str, Any]:
         ``cpu_capability`` (the vector code torch's own kernels dispatch to), None where unreadable.
     """
     import torch  # lazily: query commands import this package without torch
-
-    from pareto.compress.onnxrt import onnxruntime_version
 
     cpu_model = _cpu_model()
     cpuinfo = _cpuinfo()
@@ -230,6 +229,20 @@ def cuda_math_settings() -> str:
         f"float32_matmul_precision={torch.get_float32_matmul_precision()}, "
         f"cudnn.allow_tf32={torch.backends.cudnn.allow_tf32}, cudnn.benchmark={torch.backends.cudnn.benchmark}"
     )
+
+
+def onnxruntime_version() -> str | None:
+    """The installed ONNX Runtime's version, or None (recorded with every environment)."""
+    if importlib.util.find_spec("onnxruntime") is None:
+        return None
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("onnxruntime")
+    except PackageNotFoundError:  # an onnxruntime-gpu or nightly build under another distribution name
+        import onnxruntime
+
+        return str(onnxruntime.__version__)
 
 
 def distribution_version(name: str) -> str | None:

@@ -108,7 +108,7 @@ def recompiles_for(batches: int) -> Iterator[int | None]:
     graph per batch size; past ``torch._dynamo.config.recompile_limit`` graphs (8 by default) Dynamo
     runs the function eagerly, silently. Inside, the limit is the one in force plus one per batch size
     plus ``SWEEP_RECOMPILE_MARGIN``, and a hit raises ``FailOnRecompileLimitHit``
-    (``pareto.compress.compile.recompile_settings``). Yields the limit; None, with nothing changed,
+    (``pareto.devices.recompile_settings``). Yields the limit; None, with nothing changed,
     when Dynamo is not loaded (nothing in this process has been compiled).
     """
     if "torch._dynamo" not in sys.modules:
@@ -116,7 +116,7 @@ def recompiles_for(batches: int) -> Iterator[int | None]:
         return
     import torch._dynamo.config as dynamo_config
 
-    from pareto.compress.compile import recompile_settings
+    from pareto.devices import recompile_settings
 
     name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"  # torch < 2.6
     limit = int(getattr(dynamo_config, name)) + batches + SWEEP_RECOMPILE_MARGIN
