@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pareto.front import Candidate, Constraints, evaluate
+from pareto.front import Candidate
+from pareto.limits import Constraints, evaluate
 from pareto.slo import P99_BOUND_METRIC
 from pareto.units import format_bytes, format_ms
 

@@ -1,4 +1,5 @@
-"""The Pareto frontier, the SLO rules on conservative bounds, and the pick; no torch, no database."""
+"""The Pareto frontier and the pick among the configurations that meet the limits (``pareto.limits``
+holds the limits and their rule); no torch, no database."""
 
 from __future__ import annotations
 
@@ -9,9 +10,38 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pareto.errors import NoFeasibleConfiguration
+from pareto.limits import (  # the rule's names, imported from here by modules written before it moved
+    Constraints as Constraints,
+)
+from pareto.limits import (
+    Judgement as Judgement,
+)
+from pareto.limits import (
+    constraint_gaps as constraint_gaps,
+)
+from pareto.limits import (
+    constraint_names as constraint_names,
+)
+from pareto.limits import (
+    distance as distance,
+)
+from pareto.limits import (
+    distance_names as distance_names,
+)
+from pareto.limits import (
+    distances as distances,
+)
+from pareto.limits import (
+    evaluate as evaluate,
+)
+from pareto.limits import (
+    memory_bytes as memory_bytes,
+)
+from pareto.limits import (
+    p99_verdict as p99_verdict,
+)
 from pareto.naming import describe_config
-from pareto.slo import MIN_SAMPLES_P99, P99_BOUND_METRIC, Verdict, slo_verdict
-from pareto.units import format_bytes, format_ms
+from pareto.slo import P99_BOUND_METRIC
 
 #: Objective names a study may use: the stored metric behind each, and whether more is better.
 #: The latency objectives use the conservative bound; "memory" is params + activations + KV cache.
@@ -32,41 +62,6 @@ DEFAULT_OBJECTIVES: tuple[tuple[str, bool], ...] = tuple(OBJECTIVES[name] for na
 def objective_metrics(names: Sequence[str]) -> tuple[tuple[str, bool], ...]:
     """(metric, maximize?) for objective names such as ``["accuracy", "p99", "memory"]``."""
     return tuple(OBJECTIVES[name] for name in names)
-
-
-@dataclass(frozen=True)
-class Constraints:
-    """What a configuration must meet; None means unconstrained."""
-
-    p99_ms: float | None = None
-    min_accuracy: float | None = None
-    max_memory_bytes: int | None = None
-    min_throughput_per_s: float | None = None
-    min_samples: int = MIN_SAMPLES_P99
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "p99_ms": self.p99_ms,
-            "min_accuracy": self.min_accuracy,
-            "max_memory_bytes": self.max_memory_bytes,
-            "min_throughput_per_s": self.min_throughput_per_s,
-        }
-
-    @property
-    def any(self) -> bool:
-        return any(v is not None for v in self.to_dict().values())
-
-    def describe(self) -> str:
-        parts = []
-        if self.p99_ms is not None:
-            parts.append(f"P99 ≤ {format_ms(self.p99_ms)}")
-        if self.min_accuracy is not None:
-            parts.append(f"accuracy ≥ {self.min_accuracy:g}")
-        if self.max_memory_bytes is not None:
-            parts.append(f"memory ≤ {format_bytes(self.max_memory_bytes)}")
-        if self.min_throughput_per_s is not None:
-            parts.append(f"throughput ≥ {self.min_throughput_per_s:,.0f}/s")
-        return " and ".join(parts) or "no SLO"
 
 
 @dataclass
@@ -115,31 +110,6 @@ class Candidate:
             slo=data.get("slo") or {},
             confirmation=data.get("confirmation"),
         )
-
-
-@dataclass(frozen=True)
-class Judgement:
-    """A candidate against the constraints, on the conservative bounds.
-
-    ``feasible`` is None when nothing is constrained; ``distance`` sums the relative gaps of the
-    violated limits (how far from feasible); ``undecided_only`` means the one problem is a P99 bound
-    that could not be decided (too few samples), not a miss.
-    """
-
-    feasible: bool | None
-    p99_verdict: Verdict | None
-    violations: tuple[str, ...]
-    distance: float
-    undecided_only: bool
-
-    def to_dict(self, constraints: Constraints) -> dict[str, Any]:
-        return {
-            **constraints.to_dict(),
-            "p99_verdict": self.p99_verdict,
-            "feasible": self.feasible,
-            "undecided_only": self.undecided_only,
-            "violations": list(self.violations),
-        }
 
 
 def non_dominated(points: Sequence[Sequence[float]], maximize: Sequence[bool]) -> list[int]:
@@ -227,136 +197,6 @@ def objective_columns(columns: dict[str, Any], objectives: Sequence[tuple[str, b
     return np.stack(out, axis=1) if out else np.empty((0, 0))
 
 
-def distances(columns: dict[str, Any], constraints: Constraints) -> Any:
-    """``distance`` over arrays of stored values: the relative gaps of ``constraint_gaps``, summed."""
-    import numpy as np
-
-    n = len(next(iter(columns.values()))) if columns else 0
-    total = np.zeros(n)
-    with np.errstate(invalid="ignore"):
-        if constraints.p99_ms is not None:
-            upper = columns[P99_BOUND_METRIC]
-            gap = np.where(np.isnan(upper), np.inf, (upper - constraints.p99_ms) / constraints.p99_ms)
-            gap = np.where(columns["samples"] < constraints.min_samples, np.maximum(gap, 1e-6), gap)
-            total += np.maximum(gap, 0.0)
-        if constraints.min_accuracy is not None:
-            floor = constraints.min_accuracy
-            total += np.maximum((floor - columns["accuracy"]) / _scale(floor), 0.0)
-        if constraints.max_memory_bytes is not None:
-            budget = constraints.max_memory_bytes
-            total += np.maximum((columns["memory_bytes"] - budget) / budget, 0.0)
-        if constraints.min_throughput_per_s is not None:
-            floor_t = constraints.min_throughput_per_s
-            total += np.maximum((floor_t - columns["throughput_per_s"]) / floor_t, 0.0)
-    return np.where(np.isfinite(total), total, 1e9)
-
-
-def distance_names(constraints: Constraints) -> list[str]:
-    """The stored metrics ``distances`` reads for these constraints."""
-    names = []
-    if constraints.p99_ms is not None:
-        names += [P99_BOUND_METRIC, "samples"]
-    if constraints.min_accuracy is not None:
-        names.append("accuracy")
-    if constraints.max_memory_bytes is not None:
-        names.append("memory_bytes")
-    if constraints.min_throughput_per_s is not None:
-        names.append("throughput_per_s")
-    return names
-
-
-def p99_verdict(metrics: dict[str, Any], slo_ms: float, min_samples: int = MIN_SAMPLES_P99) -> Verdict:
-    """The P99 verdict of stored metrics; a missing bound means unbounded on that side."""
-    return slo_verdict(
-        metrics.get("latency_p99_lower_ms"),
-        metrics.get(P99_BOUND_METRIC),
-        slo_ms,
-        int(metrics.get("samples") or 0),
-        min_samples=min_samples,
-    )
-
-
-def constraint_gaps(metrics: dict[str, Any], constraints: Constraints) -> dict[str, float]:
-    """The relative gap to every limit set, <= 0 when the limit is met (Optuna's convention).
-
-    Each gap is relative to its limit, so that limits in different units weigh alike when a sampler
-    adds them up: the P99 bound over the SLO, the accuracy under the floor, the memory over the
-    budget, the throughput under the floor, each divided by the limit. A P99 without an upper bound
-    is +inf; one within the SLO from too few samples for a claim is a small positive gap.
-    """
-    gaps: dict[str, float] = {}
-    if constraints.p99_ms is not None:
-        upper = metrics.get(P99_BOUND_METRIC)
-        gap = math.inf if upper is None else (upper - constraints.p99_ms) / constraints.p99_ms
-        if int(metrics.get("samples") or 0) < constraints.min_samples:
-            gap = max(gap, 1e-6)
-        gaps["p99_ms"] = gap
-    if constraints.min_accuracy is not None:
-        gaps["min_accuracy"] = (constraints.min_accuracy - metrics["accuracy"]) / _scale(constraints.min_accuracy)
-    if constraints.max_memory_bytes is not None:
-        gaps["max_memory_bytes"] = (memory_bytes(metrics) - constraints.max_memory_bytes) / constraints.max_memory_bytes
-    if constraints.min_throughput_per_s is not None:
-        floor = constraints.min_throughput_per_s
-        gaps["min_throughput_per_s"] = (floor - metrics["throughput_per_s"]) / floor
-    return gaps
-
-
-def constraint_names(constraints: Constraints) -> list[str]:
-    """The names ``constraint_gaps`` gives a trial under ``constraints``: one per limit set."""
-    limits = {
-        "p99_ms": constraints.p99_ms,
-        "min_accuracy": constraints.min_accuracy,
-        "max_memory_bytes": constraints.max_memory_bytes,
-        "min_throughput_per_s": constraints.min_throughput_per_s,
-    }
-    return [name for name, limit in limits.items() if limit is not None]
-
-
-def evaluate(metrics: dict[str, Any], constraints: Constraints) -> Judgement:
-    """Judge stored metrics against the constraints (no side effects)."""
-    gaps = constraint_gaps(metrics, constraints)
-    violations: list[str] = []
-    verdict = p99_verdict(metrics, constraints.p99_ms, constraints.min_samples) if constraints.p99_ms else None
-    undecided = False
-    if constraints.p99_ms is not None and gaps["p99_ms"] > 0:
-        phrase, undecided = _p99_violation(metrics, constraints)
-        violations.append(phrase)
-    if gaps.get("min_accuracy", 0) > 0:
-        floor, acc = constraints.min_accuracy or 0.0, metrics["accuracy"]
-        violations.append(f"its accuracy {acc:.4g} is {floor - acc:.3g} below {floor:g}")
-    if gaps.get("max_memory_bytes", 0) > 0:
-        memory = memory_bytes(metrics)
-        over = memory - (constraints.max_memory_bytes or 0)
-        violations.append(f"its memory is {format_bytes(memory)}, {format_bytes(over)} over the budget")
-    if gaps.get("min_throughput_per_s", 0) > 0:
-        floor_t, have = constraints.min_throughput_per_s or 0.0, metrics["throughput_per_s"]
-        violations.append(f"its throughput is {have:,.0f}/s, {floor_t - have:,.0f}/s below {floor_t:,.0f}/s")
-    total = sum(max(gap, 0.0) for gap in gaps.values())
-    return Judgement(
-        feasible=(not violations) if constraints.any else None,
-        p99_verdict=verdict,
-        violations=tuple(violations),
-        distance=total if math.isfinite(total) else 1e9,
-        undecided_only=undecided and len(violations) == 1,
-    )
-
-
-def _p99_violation(metrics: dict[str, Any], constraints: Constraints) -> tuple[str, bool]:
-    """How the P99 falls short, and whether that is only undecided (not a miss)."""
-    slo = constraints.p99_ms or 0.0
-    upper, samples = metrics.get(P99_BOUND_METRIC), metrics.get("samples")
-    if upper is None:
-        return f"its P99 bound is undecided after {samples} samples", p99_verdict(metrics, slo) == "uncertain"
-    if upper > slo:
-        over, ratio = upper - slo, upper / slo
-        how_far = f"{ratio:.0f}× the SLO" if ratio >= 10 else f"{over / slo:.0%} over"
-        return f"its P99 upper bound is {format_ms(upper)}, {format_ms(over)} ({how_far}) above {format_ms(slo)}", False
-    return (
-        f"its P99 is within {format_ms(slo)} but from only {samples} samples (need {constraints.min_samples})",
-        True,
-    )
-
-
 def judged(candidate: Candidate, constraints: Constraints) -> Candidate:
     """A copy of ``candidate`` with its ``slo`` judgement attached."""
     return dataclasses.replace(candidate, slo=evaluate(candidate.metrics, constraints).to_dict(constraints))
@@ -376,7 +216,7 @@ def select_best(candidates: Sequence[Candidate], constraints: Constraints, *, st
     judgements = [(c, evaluate(c.metrics, constraints)) for c in candidates]
     feasible = [c for c, j in judgements if j.feasible is not False]
     if feasible:
-        pick = min(feasible, key=lambda c: (-c.metrics["accuracy"], _p99_key(c), c.confirmation is None, c.trial))
+        pick = min(feasible, key=pick_key)
         return judged(pick, constraints)
     closest, _ = min(judgements, key=lambda cj: (cj[1].distance, cj[0].trial))
     raise no_feasible(study, constraints, closest)
@@ -399,25 +239,32 @@ def no_feasible(study: str, constraints: Constraints, closest: Candidate) -> NoF
     )
 
 
-def distance(metrics: dict[str, Any], constraints: Constraints) -> float:
-    """How far from feasible: the sum of the relative gaps of the violated limits (``Judgement.distance``)."""
-    total = sum(max(gap, 0.0) for gap in constraint_gaps(metrics, constraints).values())
-    return total if math.isfinite(total) else 1e9
+#: The pick among the feasible, each key with whether more is first: the most accurate, then the lowest
+#: P99 upper bound (a missing one last), a confirmed measurement before one that is not, then the lowest
+#: trial number. ``select_best`` sorts by it and the store's SQL (``queries.best_candidate``) orders by
+#: the same keys.
+PICK_ORDER: tuple[tuple[str, bool], ...] = (
+    ("accuracy", True),
+    (P99_BOUND_METRIC, False),
+    ("confirmed", True),
+    ("trial", False),
+)
+
+
+def pick_key(c: Candidate) -> tuple[float, ...]:
+    """``PICK_ORDER`` as a sort key: smallest first."""
+    values = {
+        "accuracy": c.metrics["accuracy"],
+        P99_BOUND_METRIC: _p99_key(c),
+        "confirmed": c.confirmation is not None,
+        "trial": c.trial,
+    }
+    return tuple(-values[name] if descending else values[name] for name, descending in PICK_ORDER)
 
 
 def _p99_key(c: Candidate) -> float:
     value = objective_value(c.metrics, P99_BOUND_METRIC)
     return value if value is not None else math.inf
-
-
-def memory_bytes(metrics: dict[str, Any]) -> int:
-    """Total inference memory; trials stored before the activation/KV terms existed count parameters only."""
-    total = metrics.get("memory_bytes")
-    return int(total) if total is not None else int(metrics["params_bytes"])
-
-
-def _scale(limit: float) -> float:
-    return max(abs(limit), 1e-12)
 
 
 def _finite(value: Any) -> bool:

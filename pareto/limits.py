@@ -1,21 +1,247 @@
-"""What a question to the database is asked against: the study, the environment, and the limits.
+"""The limits a configuration is judged by, in one place: what the caller says, the typed value it
+becomes, and the rule that says whether stored metrics meet it.
 
-Every read (``best``, ``frontier``, ``explain``, ``trials``, the report, the export) takes one
-``Limits`` value; the CLI builds it from its options, the Python API from keyword arguments, and
-``Limits.constraints`` turns it into the parsed ``Constraints`` the queries filter on, with what the
-caller did not say taken from the study's own stored SLO and budget. A new limit is a field here, a
-field of ``Constraints`` and the query that filters on it, and a CLI option.
+- ``Limits``: what a read is asked against, as the caller said it: the study, the environment and the
+  limits (``slo_p99="7ms"``, ``max_memory="2GB"``...); the CLI builds it from its options, the Python API
+  from keyword arguments.
+- ``Constraints``: the limits parsed (``p99_ms``, ``min_accuracy``, ``max_memory_bytes``,
+  ``min_throughput_per_s``), with what the caller did not say taken from the study's stored SLO and
+  budget. Every judgement takes this one value: a search's constraints, the queries' SQL, the pick,
+  ``explain``, the report; its fields are the names of the ``slo`` block of every JSON answer.
+- ``LIMITS``: for each limit, the stored metric it bounds and on which side. The feasibility rule is
+  written once, from this table: ``constraint_gaps`` (the relative gap to each limit, what the
+  sampler's constraints and ``evaluate`` read), ``distances`` (the same over arrays) and the SQL
+  conditions the store derives from it (``pareto.store.queries``).
+
+A new limit (a P90 SLO, say): a field of ``Limits`` and of ``Constraints``, its row in ``LIMITS``, its
+phrase in ``evaluate``, an option in ``pareto._cli.options.limits_options`` and its key in the spec's
+``slo`` block.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from pareto.errors import UsageError
-from pareto.front import Constraints
-from pareto.units import parse_duration_ms, parse_rate_per_s, parse_size_bytes
+from pareto.slo import MIN_SAMPLES_P99, P99_BOUND_METRIC, Verdict, slo_verdict
+from pareto.units import format_bytes, format_ms, parse_duration_ms, parse_rate_per_s, parse_size_bytes
+
+
+def memory_bytes(metrics: dict[str, Any]) -> int:
+    """Total inference memory; trials stored before the activation/KV terms existed count parameters only."""
+    total = metrics.get("memory_bytes")
+    return int(total) if total is not None else int(metrics["params_bytes"])
+
+
+def _scale(limit: float) -> float:
+    return max(abs(limit), 1e-12)
+
+
+@dataclass(frozen=True)
+class Limit:
+    """One limit: the ``Constraints`` field that holds it and the stored metric it bounds.
+
+    The gap of a value to its limit is ``(value - limit) / scale(limit)`` for an upper limit
+    (``at_most``) and ``(limit - value) / scale(limit)`` for a floor: <= 0 when met (Optuna's
+    convention), relative, so that limits in different units weigh alike when a sampler adds them.
+    ``bound`` limits are met only on an upper confidence bound from enough samples for the claim
+    (``Constraints.min_samples``): a missing bound is an infinite gap, and one within the limit from
+    too few samples a small positive one.
+    """
+
+    name: str
+    metric: str
+    at_most: bool
+    value: Callable[[dict[str, Any]], Any]
+    scale: Callable[[float], float] = abs
+    bound: bool = False
+
+    def gap(self, metrics: dict[str, Any], limit: float, min_samples: int) -> float:
+        """The relative gap of stored ``metrics`` to ``limit`` (<= 0: met)."""
+        value = self.value(metrics)
+        if self.bound and value is None:
+            return math.inf
+        gap = (value - limit if self.at_most else limit - value) / self.scale(limit)
+        if self.bound and int(metrics.get("samples") or 0) < min_samples:
+            gap = max(gap, 1e-6)
+        return float(gap)
+
+
+#: The limits, in the order every answer lists them. Memory falls back to the parameters for trials
+#: stored before the activation and KV terms existed (the store's column for it does the same).
+LIMITS: tuple[Limit, ...] = (
+    Limit("p99_ms", P99_BOUND_METRIC, at_most=True, value=lambda m: m.get(P99_BOUND_METRIC), bound=True),
+    Limit("min_accuracy", "accuracy", at_most=False, value=lambda m: m["accuracy"], scale=_scale),
+    Limit("max_memory_bytes", "memory_bytes", at_most=True, value=memory_bytes),
+    Limit("min_throughput_per_s", "throughput_per_s", at_most=False, value=lambda m: m["throughput_per_s"]),
+)
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """What a configuration must meet; None means unconstrained."""
+
+    p99_ms: float | None = None
+    min_accuracy: float | None = None
+    max_memory_bytes: int | None = None
+    min_throughput_per_s: float | None = None
+    min_samples: int = MIN_SAMPLES_P99
+
+    def to_dict(self) -> dict[str, Any]:
+        return {limit.name: getattr(self, limit.name) for limit in LIMITS}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Constraints:
+        """The constraints an answer's ``slo`` block was judged by (``to_dict``'s keys; others ignored)."""
+        return cls(**{limit.name: data.get(limit.name) for limit in LIMITS})
+
+    def set(self) -> list[tuple[Limit, float]]:
+        """The limits set (not None), each with its value, in ``LIMITS``' order."""
+        return [(limit, value) for limit in LIMITS if (value := getattr(self, limit.name)) is not None]
+
+    @property
+    def any(self) -> bool:
+        return any(v is not None for v in self.to_dict().values())
+
+    def describe(self) -> str:
+        parts = []
+        if self.p99_ms is not None:
+            parts.append(f"P99 ≤ {format_ms(self.p99_ms)}")
+        if self.min_accuracy is not None:
+            parts.append(f"accuracy ≥ {self.min_accuracy:g}")
+        if self.max_memory_bytes is not None:
+            parts.append(f"memory ≤ {format_bytes(self.max_memory_bytes)}")
+        if self.min_throughput_per_s is not None:
+            parts.append(f"throughput ≥ {self.min_throughput_per_s:,.0f}/s")
+        return " and ".join(parts) or "no SLO"
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """A candidate against the constraints, on the conservative bounds.
+
+    ``feasible`` is None when nothing is constrained; ``distance`` sums the relative gaps of the
+    violated limits (how far from feasible); ``undecided_only`` means the one problem is a P99 bound
+    that could not be decided (too few samples), not a miss.
+    """
+
+    feasible: bool | None
+    p99_verdict: Verdict | None
+    violations: tuple[str, ...]
+    distance: float
+    undecided_only: bool
+
+    def to_dict(self, constraints: Constraints) -> dict[str, Any]:
+        return {
+            **constraints.to_dict(),
+            "p99_verdict": self.p99_verdict,
+            "feasible": self.feasible,
+            "undecided_only": self.undecided_only,
+            "violations": list(self.violations),
+        }
+
+
+def constraint_gaps(metrics: dict[str, Any], constraints: Constraints) -> dict[str, float]:
+    """The relative gap to every limit set, <= 0 when the limit is met (``Limit.gap``): the P99 bound
+    over the SLO, the accuracy under the floor, the memory over the budget, the throughput under the
+    floor, each divided by the limit."""
+    return {limit.name: limit.gap(metrics, value, constraints.min_samples) for limit, value in constraints.set()}
+
+
+def constraint_names(constraints: Constraints) -> list[str]:
+    """The names ``constraint_gaps`` gives a trial under ``constraints``: one per limit set."""
+    return [limit.name for limit, _ in constraints.set()]
+
+
+def distance(metrics: dict[str, Any], constraints: Constraints) -> float:
+    """How far from feasible: the sum of the relative gaps of the violated limits (``Judgement.distance``)."""
+    total = sum(max(gap, 0.0) for gap in constraint_gaps(metrics, constraints).values())
+    return total if math.isfinite(total) else 1e9
+
+
+def distance_names(constraints: Constraints) -> list[str]:
+    """The stored metrics ``distances`` reads for these constraints."""
+    names = []
+    for limit, _ in constraints.set():
+        names += [limit.metric, "samples"] if limit.bound else [limit.metric]
+    return names
+
+
+def distances(columns: dict[str, Any], constraints: Constraints) -> Any:
+    """``distance`` over arrays of stored values (``queries.light_columns``), limit by limit as ``Limit.gap``."""
+    import numpy as np  # deferred: the read commands that do not need it never load NumPy
+
+    n = len(next(iter(columns.values()))) if columns else 0
+    total = np.zeros(n)
+    with np.errstate(invalid="ignore"):
+        for limit, value in constraints.set():
+            values = columns[limit.metric]
+            gap = (values - value if limit.at_most else value - values) / limit.scale(value)
+            if limit.bound:
+                gap = np.where(np.isnan(values), np.inf, gap)
+                gap = np.where(columns["samples"] < constraints.min_samples, np.maximum(gap, 1e-6), gap)
+            total += np.maximum(gap, 0.0)
+    return np.where(np.isfinite(total), total, 1e9)
+
+
+def p99_verdict(metrics: dict[str, Any], slo_ms: float, min_samples: int = MIN_SAMPLES_P99) -> Verdict:
+    """The P99 verdict of stored metrics; a missing bound means unbounded on that side."""
+    return slo_verdict(
+        metrics.get("latency_p99_lower_ms"),
+        metrics.get(P99_BOUND_METRIC),
+        slo_ms,
+        int(metrics.get("samples") or 0),
+        min_samples=min_samples,
+    )
+
+
+def evaluate(metrics: dict[str, Any], constraints: Constraints) -> Judgement:
+    """Judge stored metrics against the constraints (no side effects)."""
+    gaps = constraint_gaps(metrics, constraints)
+    violations: list[str] = []
+    verdict = p99_verdict(metrics, constraints.p99_ms, constraints.min_samples) if constraints.p99_ms else None
+    undecided = False
+    if constraints.p99_ms is not None and gaps["p99_ms"] > 0:
+        phrase, undecided = _p99_violation(metrics, constraints)
+        violations.append(phrase)
+    if gaps.get("min_accuracy", 0) > 0:
+        floor, acc = constraints.min_accuracy or 0.0, metrics["accuracy"]
+        violations.append(f"its accuracy {acc:.4g} is {floor - acc:.3g} below {floor:g}")
+    if gaps.get("max_memory_bytes", 0) > 0:
+        memory = memory_bytes(metrics)
+        over = memory - (constraints.max_memory_bytes or 0)
+        violations.append(f"its memory is {format_bytes(memory)}, {format_bytes(over)} over the budget")
+    if gaps.get("min_throughput_per_s", 0) > 0:
+        floor_t, have = constraints.min_throughput_per_s or 0.0, metrics["throughput_per_s"]
+        violations.append(f"its throughput is {have:,.0f}/s, {floor_t - have:,.0f}/s below {floor_t:,.0f}/s")
+    total = sum(max(gap, 0.0) for gap in gaps.values())
+    return Judgement(
+        feasible=(not violations) if constraints.any else None,
+        p99_verdict=verdict,
+        violations=tuple(violations),
+        distance=total if math.isfinite(total) else 1e9,
+        undecided_only=undecided and len(violations) == 1,
+    )
+
+
+def _p99_violation(metrics: dict[str, Any], constraints: Constraints) -> tuple[str, bool]:
+    """How the P99 falls short, and whether that is only undecided (not a miss)."""
+    slo = constraints.p99_ms or 0.0
+    upper, samples = metrics.get(P99_BOUND_METRIC), metrics.get("samples")
+    if upper is None:
+        return f"its P99 bound is undecided after {samples} samples", p99_verdict(metrics, slo) == "uncertain"
+    if upper > slo:
+        over, ratio = upper - slo, upper / slo
+        how_far = f"{ratio:.0f}× the SLO" if ratio >= 10 else f"{over / slo:.0%} over"
+        return f"its P99 upper bound is {format_ms(upper)}, {format_ms(over)} ({how_far}) above {format_ms(slo)}", False
+    return (
+        f"its P99 is within {format_ms(slo)} but from only {samples} samples (need {constraints.min_samples})",
+        True,
+    )
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from pydantic import (
 
 from pareto.errors import UsageError
 from pareto.front import DEFAULT_OBJECTIVE_NAMES
+from pareto.limits import Constraints
 from pareto.naming import Backend, SamplerName
 from pareto.slo import DEFAULT_CONFIDENCE, DEFAULT_CONTENTION_LIMIT, DEFAULT_ROUNDS, MIN_CONFIDENCE, MIN_SAMPLES_P99
 from pareto.units import parse_duration_ms, parse_rate_per_s, parse_size_bytes
@@ -306,6 +307,16 @@ class SearchSpec(_Strict):
     search: Search = Search()
     measure: Measure = Measure()
     space: Space = Field(default_factory=lambda: Space.model_validate(DEFAULT_SPACE))
+
+    def constraints(self) -> Constraints:
+        """The study's SLO and budget as the limits every judgement takes (what a read of the study judges
+        by when the caller says nothing)."""
+        return Constraints(
+            p99_ms=self.slo.p99,
+            min_accuracy=self.slo.min_accuracy,
+            max_memory_bytes=self.budget.max_memory,
+            min_throughput_per_s=self.slo.min_throughput,
+        )
 
     @model_validator(mode="before")
     @classmethod

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pareto.front import Candidate, Constraints
+from pareto.front import Candidate
+from pareto.limits import Constraints
 from pareto.study import confirmation
 from pareto.study.confirmation import ConfirmedItem, ConfirmResult, choose, confirm_pick
 

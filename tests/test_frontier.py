@@ -5,18 +5,8 @@ import math
 import pytest
 
 from pareto.errors import NoFeasibleConfiguration
-from pareto.front import (
-    Candidate,
-    Constraints,
-    constraint_gaps,
-    evaluate,
-    frontier,
-    judged,
-    non_dominated,
-    objective_value,
-    p99_verdict,
-    select_best,
-)
+from pareto.front import Candidate, frontier, judged, non_dominated, objective_value, select_best
+from pareto.limits import Constraints, constraint_gaps, evaluate, p99_verdict
 
 
 def cand(
@@ -206,7 +196,8 @@ def test_vectorized_distance_and_objectives_agree_with_the_per_trial_rules() -> 
 
     import numpy as np
 
-    from pareto.front import distance, distance_names, distances, objective_columns
+    from pareto.front import objective_columns
+    from pareto.limits import distance, distance_names, distances
 
     rng = random.Random(7)
     rows = [

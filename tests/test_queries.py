@@ -16,7 +16,8 @@ from sqlalchemy import select
 
 import pareto
 from pareto.errors import NoFeasibleConfiguration
-from pareto.front import Candidate, Constraints, frontier, objective_metrics, select_best
+from pareto.front import Candidate, frontier, objective_metrics, select_best
+from pareto.limits import Constraints
 from pareto.metrics import FIELD_NAMES, Metrics
 from pareto.store.engine import open_engine, session_scope, upgrade
 from pareto.store.models import Environment, Measurement, Study, Trial

@@ -170,3 +170,17 @@ def test_a_null_choice_is_a_choice_a_start_point_may_name() -> None:
         )
     with pytest.raises(ValueError, match="ratio"):  # a null where the technique needs a value is refused
         SearchSpec.model_validate({"space": {"techniques": {"prune_structured": {"ratio": [None, 0.5]}}}})
+
+
+def test_a_specs_constraints_are_what_a_read_of_its_stored_study_judges_by() -> None:
+    """The search judges trials by ``SearchSpec.constraints()``; a read of the stored study (no limit
+    given) by ``Limits.constraints`` over the stored spec: the same values, of the same types."""
+    from pareto.limits import Limits
+    from pareto.spec import load_spec
+
+    overrides = {"slo.p99": "7ms", "slo.min_accuracy": 0.9, "slo.min_throughput": "500/s", "budget.max_memory": "2GB"}
+    for given in ({}, {"slo.p99": "7ms"}, overrides):
+        spec = load_spec(None, given)
+        stored = Limits().constraints(spec.model_dump(mode="json"))
+        assert spec.constraints() == stored
+        assert [type(v) for v in spec.constraints().to_dict().values()] == [type(v) for v in stored.to_dict().values()]

@@ -9,8 +9,10 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from pareto.errors import NotFound, UsageError
-from pareto.front import DEFAULT_OBJECTIVE_NAMES, Candidate, Constraints
+from pareto.front import DEFAULT_OBJECTIVE_NAMES, PICK_ORDER, Candidate
+from pareto.limits import Constraints
 from pareto.metrics import Metrics
+from pareto.slo import P99_BOUND_METRIC
 from pareto.store.models import (
     Environment,
     HardwareCalibration,
@@ -232,18 +234,11 @@ def best_candidate(
 
     None when nothing is feasible (then ``closest_candidate`` says what is nearest).
     """
-    p99_upper = Measurement.latency_p99_upper_ms
     query = (
         select(Measurement.id)
         .join(Trial, Trial.id == Measurement.trial_id)
         .where(*_preferred(study, environment), *_feasible(constraints))
-        .order_by(
-            Measurement.accuracy.desc(),
-            p99_upper.is_(None),
-            p99_upper,
-            Measurement.kind != "confirm",
-            Trial.optuna_number,
-        )
+        .order_by(*_pick_order())
         .limit(1)
     )
     found = session.scalar(query)
@@ -253,23 +248,32 @@ def best_candidate(
 
 
 def _feasible(constraints: Constraints) -> list[Any]:
-    """``pareto.front.evaluate``'s feasibility as SQL conditions (conservative bounds, fewest samples)."""
+    """``pareto.limits``' rule as SQL conditions, limit by limit from ``LIMITS``: the stored metric at or
+    under (or over) the limit; a bounded limit also needs its bound stored, from enough samples."""
     conditions: list[Any] = []
-    if constraints.p99_ms is not None:
-        conditions += [
-            Measurement.latency_p99_upper_ms.is_not(None),
-            Measurement.latency_p99_upper_ms <= constraints.p99_ms,
-            Measurement.samples >= constraints.min_samples,
-        ]
-    if constraints.min_accuracy is not None:
-        conditions.append(Measurement.accuracy >= constraints.min_accuracy)
-    if constraints.max_memory_bytes is not None:
-        conditions.append(
-            func.coalesce(Measurement.memory_bytes, Measurement.params_bytes) <= constraints.max_memory_bytes
-        )
-    if constraints.min_throughput_per_s is not None:
-        conditions.append(Measurement.throughput_per_s >= constraints.min_throughput_per_s)
+    for limit, value in constraints.set():
+        column = _LIGHT_COLUMNS[limit.metric]
+        if limit.bound:
+            conditions.append(column.is_not(None))
+        conditions.append(column <= value if limit.at_most else column >= value)
+        if limit.bound:
+            conditions.append(Measurement.samples >= constraints.min_samples)
     return conditions
+
+
+def _pick_order() -> list[Any]:
+    """``pareto.front.PICK_ORDER`` as an ORDER BY: more first where it says so, a missing value last."""
+    keys = {
+        "accuracy": Measurement.accuracy,
+        P99_BOUND_METRIC: Measurement.latency_p99_upper_ms,
+        "confirmed": Measurement.kind == "confirm",
+        "trial": Trial.optuna_number,
+    }
+    order: list[Any] = []
+    for name, more_first in PICK_ORDER:
+        column = keys[name]
+        order += [column.desc()] if more_first else [column.is_(None), column]
+    return order
 
 
 #: The stored columns the frontier and the distance to the SLOs read, by metric name; memory falls
