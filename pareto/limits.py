@@ -97,7 +97,8 @@ class Constraints:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Constraints:
         """The constraints an answer's ``slo`` block was judged by (``to_dict``'s keys; others ignored)."""
-        return cls(**{limit.name: data.get(limit.name) for limit in LIMITS})
+        values: dict[str, Any] = {limit.name: data.get(limit.name) for limit in LIMITS}
+        return cls(**values)
 
     def set(self) -> list[tuple[Limit, float]]:
         """The limits set (not None), each with its value, in ``LIMITS``' order."""
