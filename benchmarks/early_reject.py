@@ -129,7 +129,7 @@ def main() -> None:
     wall_b = time.perf_counter() - started
 
     a, b = trial_seconds(url_a), trial_seconds(url_b)
-    slo_ms = spec_a.slo.p99_ms
+    slo_ms = spec_a.slo.p99
     assert slo_ms is not None
     acc_ref = min(accuracies(url_a) + accuracies(url_b))
     hv_a, n_a = front_hypervolume(url_a, slo_ms, acc_ref)

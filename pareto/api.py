@@ -11,15 +11,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy.orm import Session
-
-from pareto.errors import NoFeasibleConfiguration, UsageError
+from pareto.errors import NoFeasibleConfiguration, StoreError, UsageError
+from pareto.explanation import NEAREST, explain_choice
 from pareto.front import (
     DEFAULT_OBJECTIVE_NAMES,
     Candidate,
-    Constraints,
-    distance_names,
-    distances,
     fastest_first,
     judged,
     no_feasible,
@@ -27,7 +23,10 @@ from pareto.front import (
     objective_columns,
     objective_metrics,
 )
-from pareto.limits import Limits, slo_ms
+from pareto.limits import Constraints, Limits, distance_names, distances, slo_ms
+from pareto.measure.environment import fingerprint
+from pareto.measure.roofline import layer_types, list_profiles, load_profile, resolve_profile
+from pareto.naming import BACKENDS
 from pareto.slo import (
     DEFAULT_CONFIDENCE,
     DEFAULT_CONTENTION_LIMIT,
@@ -35,10 +34,12 @@ from pareto.slo import (
     DEFAULT_WARMUP,
     MIN_SAMPLES_P99,
 )
-from pareto.store import queries
-from pareto.store.engine import existing_engine, open_engine, read_engine, resolve_url, session_scope
-from pareto.store.models import Environment, Study
-from pareto.store.trials import add_calibration
+from pareto.spec import NightlySettings, SearchSpec
+from pareto.store.engine import existing_engine, open_engine, read_engine, resolve_url, upgrade
+from pareto.store.reads import Reader, reading
+from pareto.store.records import EnvironmentRecord, StudyRecord
+from pareto.store.storage import save_calibration
+from pareto.study.bench import open_bench
 from pareto.study.measure_one import (
     measure_beside_baseline,
     measure_settings,
@@ -46,10 +47,10 @@ from pareto.study.measure_one import (
     remeasure_trial,
     stored_measure,
 )
+from pareto.task import load_task
 
 if TYPE_CHECKING:
     from pareto.drift.nightly import NightlyResult
-    from pareto.spec import NightlySettings, SearchSpec
     from pareto.study.search import Reporter, SearchResult
 
 
@@ -78,12 +79,12 @@ def best(limits: Limits | None = None, /, *, db: str | None = None, **keywords: 
     if asked.environment == "all":
         raise UsageError("A pick compares measurements within one environment; name one with --environment KEY.")
     asked.given()  # a malformed limit is refused before the database is opened
-    with session_scope(read_engine(db)) as session:
-        row, env, known = _study_and_environment(session, asked)
+    with reading(read_engine(db)) as r:
+        row, env, known = _study_and_environment(r, asked)
         constraints = asked.constraints(row.spec)
-        pick = queries.best_candidate(session, row, env, constraints) if env is not None else None
+        pick = r.best_candidate(row, env, constraints) if env is not None else None
         if pick is None:
-            raise _nothing_feasible(session, row, env, constraints)
+            raise _nothing_feasible(r, row, env, constraints)
         result = judged(pick, constraints).to_dict()
     result["environment"] = {**result["environment"], **_environment_note(row.name, env.key if env else None, known)}
     return result
@@ -98,21 +99,21 @@ def frontier(limits: Limits | None = None, /, *, db: str | None = None, **keywor
     """
     asked = Limits.of(limits, **keywords)
     asked.given()
-    with session_scope(read_engine(db)) as session:
-        row, env, known = _study_and_environment(session, asked)
+    with reading(read_engine(db)) as r:
+        row, env, known = _study_and_environment(r, asked)
         constraints = asked.constraints(row.spec)
         objectives = objective_metrics(row.spec.get("objectives", list(DEFAULT_OBJECTIVE_NAMES)))
         if env is not None:
             groups = [env]
         elif asked.environment == "all":
-            found = (queries.choose_environment(session, row, e["key"], known) for e in known)
+            found = (r.choose_environment(row, e["key"], known) for e in known)
             groups = [e for e in found if e is not None]
         else:
             groups = []
         note = _environment_note(row.name, env.key if env else None, known)
         rows = []
         for group in groups:
-            for c in fastest_first(_front(session, row, group, objectives)):
+            for c in fastest_first(_front(r, row, group, objectives)):
                 item = judged(c, constraints).to_dict()
                 item["environment"] = {**item["environment"], **note}
                 rows.append(item)
@@ -131,71 +132,73 @@ def explain(limits: Limits | None = None, /, *, db: str | None = None, **keyword
     Raises:
         NotFound: no such study. UsageError: unknown environment, malformed SLO, ``environment="all"``.
     """
-    from pareto.explanation import NEAREST, explain_choice
-
     asked = Limits.of(limits, **keywords)
     if asked.environment == "all":
         raise UsageError(
             "An explanation compares measurements within one environment; name one with --environment KEY."
         )
     asked.given()
-    with session_scope(read_engine(db)) as session:
-        row, env, known = _study_and_environment(session, asked)
+    with reading(read_engine(db)) as r:
+        row, env, known = _study_and_environment(r, asked)
         constraints = asked.constraints(row.spec)
         objectives = objective_metrics(row.spec.get("objectives", list(DEFAULT_OBJECTIVE_NAMES)))
-        front = fastest_first(_front(session, row, env, objectives)) if env is not None else []
-        pick = queries.best_candidate(session, row, env, constraints) if env is not None else None
-        nearest = _nearest(session, row, env, constraints, NEAREST) if pick is None else []
+        front = fastest_first(_front(r, row, env, objectives)) if env is not None else []
+        pick = r.best_candidate(row, env, constraints) if env is not None else None
+        nearest = _nearest(r, row, env, constraints, NEAREST) if pick is None else []
     result = explain_choice(front, pick, constraints, nearest)
     env_note = {"key": env.key if env else None, **_environment_note(row.name, env.key if env else None, known)}
     return {"study": row.name, "environment": env_note, **result}
 
 
-def _front(session: Session, row: Study, env: Environment, objectives: tuple[tuple[str, bool], ...]) -> list[Candidate]:
+def _front(
+    r: Reader, row: StudyRecord, env: EnvironmentRecord, objectives: tuple[tuple[str, bool], ...]
+) -> list[Candidate]:
     """The frontier's members in one environment: the sweep runs on the objective columns of every
     trial, and only its members are read whole."""
     import numpy as np
 
-    ids, columns = queries.light_columns(session, row, env, [metric for metric, _ in objectives])
+    ids, columns = r.light_columns(row, env, [metric for metric, _ in objectives])
     points = objective_columns(columns, objectives)
     usable = np.flatnonzero(~np.isnan(points).any(axis=1)) if len(ids) else np.array([], dtype=int)
     chosen = non_dominated(points[usable], [maximize for _, maximize in objectives]) if len(usable) else []
-    return queries.candidates(session, row, env, measurement_ids=[ids[int(usable[i])] for i in chosen])
+    return r.candidates(row, env, measurement_ids=[ids[int(usable[i])] for i in chosen])
 
 
 def _nothing_feasible(
-    session: Session, row: Study, env: Environment | None, constraints: Constraints
+    r: Reader, row: StudyRecord, env: EnvironmentRecord | None, constraints: Constraints
 ) -> NoFeasibleConfiguration:
     """The error for a study where nothing meets the constraints, naming the closest trial."""
-    closest = _nearest(session, row, env, constraints, 1)
+    closest = _nearest(r, row, env, constraints, 1)
     if not closest:
         return NoFeasibleConfiguration(f"Study {row.name!r} has no completed trial to choose from yet.")
     return no_feasible(row.name, constraints, closest[0])
 
 
 def _nearest(
-    session: Session, row: Study, env: Environment | None, constraints: Constraints, count: int
+    r: Reader, row: StudyRecord, env: EnvironmentRecord | None, constraints: Constraints, count: int
 ) -> list[Candidate]:
     """The ``count`` configurations closest to meeting the constraints (lowest distance, then the
     lowest trial number), read whole only once chosen."""
     import numpy as np
 
-    ids, columns = queries.light_columns(session, row, env, distance_names(constraints)) if env else ([], {})
+    ids, columns = r.light_columns(row, env, distance_names(constraints)) if env else ([], {})
     if not ids:
         return []
     gaps = distances(columns, constraints) if columns else np.zeros(len(ids))
     cutoff = np.sort(gaps)[min(count, len(gaps)) - 1]
     near = [ids[int(i)] for i in np.flatnonzero(gaps <= cutoff)]  # every tie at the cutoff, then by trial
-    found = queries.candidates(session, row, env, measurement_ids=near)
+    found = r.candidates(row, env, measurement_ids=near)
     by_id = dict(zip(ids, gaps, strict=True))
     found.sort(key=lambda c: (by_id[c.measurement_id or 0], c.trial))
     return found[:count]
 
 
-def _study_and_environment(session: Session, limits: Limits) -> tuple[Study, Environment | None, list[dict[str, Any]]]:
-    row: Study = queries.get_study(session, limits.study) if limits.study else queries.default_study(session)
-    known = queries.study_environments(session, row)
-    return row, queries.choose_environment(session, row, limits.environment, known), known
+def _study_and_environment(
+    r: Reader, limits: Limits
+) -> tuple[StudyRecord, EnvironmentRecord | None, list[dict[str, Any]]]:
+    row = r.study(limits.study)
+    known = r.environments(row)
+    return row, r.choose_environment(row, limits.environment, known), known
 
 
 def trials(limits: Limits | None = None, /, *, db: str | None = None, **keywords: Any) -> list[dict[str, Any]]:
@@ -206,10 +209,10 @@ def trials(limits: Limits | None = None, /, *, db: str | None = None, **keywords
     """
     asked = Limits.of(limits, **keywords)
     asked.given()
-    with session_scope(read_engine(db)) as session:
-        row, env, known = _study_and_environment(session, asked)
+    with reading(read_engine(db)) as r:
+        row, env, known = _study_and_environment(r, asked)
         constraints = asked.constraints(row.spec)
-        found = queries.candidates(session, row, env) if env is not None or asked.environment == "all" else []
+        found = r.candidates(row, env) if env is not None or asked.environment == "all" else []
         note = _environment_note(row.name, env.key if env else None, known)
     result = []
     for c in found:
@@ -221,8 +224,8 @@ def trials(limits: Limits | None = None, /, *, db: str | None = None, **keywords
 
 def studies(*, db: str | None = None) -> list[dict[str, Any]]:
     """Every study in the database with its trial counts."""
-    with session_scope(read_engine(db)) as session:
-        return queries.study_summaries(session)
+    with reading(read_engine(db)) as r:
+        return r.study_summaries()
 
 
 def search(
@@ -233,15 +236,14 @@ def search(
     With ``workers`` > 1, that many local processes share ``spec.search.n_trials`` on one study
     (``pareto.study.workers``); the database must take several writers (SQLite on one host, PostgreSQL).
     """
-    from pareto.spec import SearchSpec as _Spec
     from pareto.study.search import run_search
 
     if workers > 1:
         from pareto.study.search import Quiet
         from pareto.study.workers import run_workers
 
-        return run_workers(spec or _Spec(), db_url=resolve_url(db), workers=workers, reporter=reporter or Quiet())
-    return run_search(spec or _Spec(), db_url=resolve_url(db), reporter=reporter)
+        return run_workers(spec or SearchSpec(), db_url=resolve_url(db), workers=workers, reporter=reporter or Quiet())
+    return run_search(spec or SearchSpec(), db_url=resolve_url(db), reporter=reporter)
 
 
 def nightly(
@@ -258,10 +260,13 @@ def nightly(
         LockHeld: another nightly of the study is running (exit code 75).
     """
     from pareto.drift.nightly import run_nightly
-    from pareto.spec import NightlySettings as _Settings
 
     return run_nightly(
-        spec, settings or _Settings(), db_url=resolve_url(db), reporter=reporter, notice=notice or (lambda _: None)
+        spec,
+        settings or NightlySettings(),
+        db_url=resolve_url(db),
+        reporter=reporter,
+        notice=notice or (lambda _: None),
     )
 
 
@@ -279,9 +284,8 @@ def create_study(spec: SearchSpec, *, db: str | None = None) -> str:
 def history(*, study: str | None = None, db: str | None = None) -> list[dict[str, Any]]:
     """Every nightly run of a study, oldest first: status, pick before and after, regressions."""
     engine = existing_engine(resolve_url(db))
-    with session_scope(engine) as session:
-        row = queries.get_study(session, study) if study else queries.default_study(session)
-        return queries.nightly_history(session, row)
+    with reading(engine) as r:
+        return r.nightly_history(r.study(study))
 
 
 def delete_study(name: str, *, db: str | None = None) -> dict[str, Any]:
@@ -335,9 +339,7 @@ def confirm(
     Raises:
         UsageError: unknown study, bad SLO, ``top < 1`` or ``margin < 1``.
     """
-    from pareto.study.bench import open_bench
     from pareto.study.confirmation import confirm_study
-    from pareto.task import load_task
 
     asked = Limits.of(limits, **keywords)
     if top < 1 or not margin >= 1:
@@ -346,9 +348,9 @@ def confirm(
         raise UsageError("Confirmation compares measurements within one environment; name one with --environment KEY.")
     url = resolve_url(db)
     engine = existing_engine(url)
-    with session_scope(engine) as session:
-        row = queries.get_study(session, asked.study) if asked.study else queries.default_study(session)
-        name, task_name, spec = row.name, row.task, row.spec
+    with reading(engine) as r:
+        row = r.study(asked.study)
+    name, task_name, spec = row.name, row.task, row.spec
     constraints = asked.constraints(spec)
     bench = open_bench(url, load_task(task_name), stored_measure(spec, device, threads), with_profile=False)
     result = confirm_study(bench, name, constraints, top=top, margin=margin, environment=asked.environment)
@@ -399,8 +401,6 @@ def measure(
     from pydantic import ValidationError
 
     from pareto.compress import Config
-    from pareto.naming import BACKENDS
-    from pareto.task import load_task
 
     p99_ms = slo_ms(slo_p99)
     if batch_size is not None and batch_size < 1:
@@ -452,14 +452,12 @@ def remeasure(
         UsageError: unknown study or trial, a trial that was never measured; MachineBusy: the
             machine stayed busy through the rounds.
     """
-    from pareto.task import load_task
-
     url = resolve_url(db)
     engine = existing_engine(url)
-    with session_scope(engine) as session:
-        row = queries.get_study(session, study) if study else queries.default_study(session)
-        trial_id, stored = queries.trial_measurements(session, row, trial)
-        name, task_name, spec, study_id = row.name, row.task, row.spec, row.id
+    with reading(engine) as r:
+        row = r.study(study)
+        trial_id, stored = r.trial_measurements(row, trial)
+    name, task_name, spec, study_id = row.name, row.task, row.spec, row.id
     p99_ms = slo_ms(slo_p99) if slo_p99 is not None else spec.get("slo", {}).get("p99")
     task = load_task(task_name)
     return remeasure_trial(url, task, study_id, name, (trial, trial_id), stored, p99_ms, device)
@@ -467,15 +465,12 @@ def remeasure(
 
 def _profile_for(hardware: str | None, db: str | None, env: dict[str, Any]) -> Any:
     """Resolve a roofline profile, reading calibrations from the database when one exists."""
-    from pareto.errors import StoreError
-    from pareto.measure.roofline import resolve_profile
-
     calibration = None
     if hardware in {"auto", "host"}:
         try:
             engine = read_engine(db)
-            with session_scope(engine) as session:
-                calibration = queries.host_calibration(session, env)[0]
+            with reading(engine) as r:
+                calibration = r.host_calibration(env)[0]
         except StoreError:
             calibration = None
     return resolve_profile(hardware, fingerprint=env, calibration=calibration)[0]
@@ -491,8 +486,6 @@ def calibrate(
     """
     from pareto.devices import resolve_device
     from pareto.measure.calibrate import calibrate as run
-    from pareto.measure.environment import fingerprint
-    from pareto.store.engine import get_or_create, upgrade
 
     resolved = resolve_device(device)
     import torch
@@ -502,30 +495,25 @@ def calibrate(
     upgrade(engine)
     profile = run(resolved, seconds_budget=seconds, threads=used_threads)
     env = fingerprint(resolved, used_threads)
-    with session_scope(engine) as session:
-        env_id = get_or_create(session, lambda s: queries.environment_id(s, env))
-        add_calibration(
-            session,
-            env_id,
-            peak_flops=dict(profile.peak_flops),
-            bandwidth=profile.memory_bandwidth_bytes_per_s,
-            method=profile.method or "",
-        )
+    save_calibration(
+        engine,
+        env,
+        peak_flops=dict(profile.peak_flops),
+        bandwidth=profile.memory_bandwidth_bytes_per_s,
+        method=profile.method or "",
+    )
     return {**profile.to_dict(), "environment": env}
 
 
 def hardware() -> list[dict[str, Any]]:
     """The datasheet profiles in configs/hardware, each with ``ridge_flop_per_byte`` per dtype."""
-    from pareto.measure.roofline import list_profiles, load_profile
-
     return [load_profile(name).to_dict() for name in list_profiles()]
 
 
 def techniques(*, device: str = "auto", task: str | None = None) -> list[dict[str, Any]]:
     """Every technique with ``name``, ``family``, ``available`` and ``reason`` on ``device`` (for ``task``)."""
-    from pareto.compress.base import describe_techniques
+    from pareto.compress import describe_techniques
     from pareto.devices import resolve_device
-    from pareto.task import load_task
 
     return describe_techniques(resolve_device(device), load_task(task) if task else None)
 
@@ -547,9 +535,6 @@ def roofline(
 
     from pareto.devices import on_device, resolve_device
     from pareto.measure.compute import compute_dtype, layer_costs
-    from pareto.measure.environment import fingerprint
-    from pareto.measure.roofline import layer_types
-    from pareto.task import load_task
 
     resolved = resolve_device(device)
     # the environment `pareto calibrate` stored: same device, torch's default thread count

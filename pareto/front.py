@@ -10,36 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pareto.errors import NoFeasibleConfiguration
-from pareto.limits import (  # the rule's names, imported from here by modules written before it moved
-    Constraints as Constraints,
-)
-from pareto.limits import (
-    Judgement as Judgement,
-)
-from pareto.limits import (
-    constraint_gaps as constraint_gaps,
-)
-from pareto.limits import (
-    constraint_names as constraint_names,
-)
-from pareto.limits import (
-    distance as distance,
-)
-from pareto.limits import (
-    distance_names as distance_names,
-)
-from pareto.limits import (
-    distances as distances,
-)
-from pareto.limits import (
-    evaluate as evaluate,
-)
-from pareto.limits import (
-    memory_bytes as memory_bytes,
-)
-from pareto.limits import (
-    p99_verdict as p99_verdict,
-)
+from pareto.limits import Constraints, evaluate, memory_bytes
 from pareto.naming import describe_config
 from pareto.slo import P99_BOUND_METRIC
 

@@ -59,10 +59,6 @@ class SLO(_Strict):
     min_accuracy: float | None = None
     min_throughput: RatePerS | None = Field(default=None, description="Items per second ('500/s').")
 
-    @property
-    def p99_ms(self) -> float | None:
-        return self.p99
-
 
 class Budget(_Strict):
     """Resource limits: inference memory (parameters as stored + peak activations + KV cache)."""

@@ -14,6 +14,8 @@ from sqlalchemy.engine import Engine
 from pareto.store import trials
 from pareto.store.engine import open_engine, session_scope, upgrade
 from pareto.store.models import Measurement, Trial
+from pareto.store.records import NewTrial
+from pareto.store.storage import _trial_row
 from pareto.study import claims
 from pareto.study.claims import Claims
 from tests.test_store import _MEASURED as _METRICS
@@ -33,8 +35,8 @@ def store(db_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Engine
 
 
 def _row(claimer: Claims, number: int, key: str = "cfg") -> Any:
-    def make(**fields: Any) -> Trial:
-        return Trial(
+    def make(**fields: Any) -> NewTrial:
+        return NewTrial(
             study_id=claimer.study_id,
             optuna_number=number,
             config={},
@@ -211,11 +213,11 @@ def test_the_data_version_moves_once_with_every_transaction_that_writes(store: t
     claimer.claim(_row(claimer, 0), "cfg", waiting=lambda: None)
     assert data_version(engine) == start + 1
     with session_scope(engine) as session:  # a write, then a savepoint that rolls back: the write stays
-        session.add(_row(claimer, 1, key="other")(state="BUSY"))
+        session.add(_trial_row(_row(claimer, 1, key="other")(state="BUSY")))
         session.flush()
         try:
             with session.begin_nested():
-                session.add(_row(claimer, 1, key="again")(state="BUSY"))  # the same Optuna number
+                session.add(_trial_row(_row(claimer, 1, key="again")(state="BUSY")))  # the same Optuna number
         except IntegrityError:
             pass
     assert data_version(engine) == start + 2

@@ -155,7 +155,7 @@ def _mlp_task(device: str, width: int = 256) -> Task:
     ],
 )
 def test_gpu_levers_run_and_agree_with_the_float_model(names: tuple[str, ...]) -> None:
-    from pareto.compress.pipeline import technique_reason
+    from pareto.compress.availability import technique_reason
 
     # int4's tile-packed layout pads input widths to 1024: narrower, int4 is not offered (its padding reason)
     task = _mlp_task("cuda:0", 1024 if "int4_weight_only" in names else 256)

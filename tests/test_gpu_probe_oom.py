@@ -202,8 +202,7 @@ def test_pareto_confirm_out_of_memory_is_one_sentence(
 def test_structured_pruning_is_judged_on_the_device_asked(monkeypatch: pytest.MonkeyPatch) -> None:
     """The meta device stands in for a GPU: the trial run of ``prune_structured`` runs there, with
     the task's inputs there, as a bench on it would build it (before: on a CPU copy, by CPU rules)."""
-    from pareto.compress import prune
-    from pareto.compress.base import describe_techniques
+    from pareto.compress import describe_techniques, prune
     from pareto.devices import model_device
     from tests.tiny_task import make_task
 
@@ -227,7 +226,6 @@ def test_the_probe_reference_is_timed_under_the_timing_lock_on_a_gpu_only(
 ) -> None:
     from contextlib import contextmanager
 
-    from pareto import locks
     from pareto.measure import probe as probe_module
     from pareto.study import bench as _runs
 
@@ -244,7 +242,7 @@ def test_the_probe_reference_is_timed_under_the_timing_lock_on_a_gpu_only(
         def __init__(self, device: str, **_: Any) -> None:
             seen.append(device in held)
 
-    monkeypatch.setattr(locks, "timing_lock", timing_lock)
+    monkeypatch.setattr(_runs, "timing_lock", timing_lock)  # the bench's name for pareto.locks.timing_lock
     monkeypatch.setattr(probe_module, "ContentionProbe", Probe)
     bench = SimpleNamespace(device=device, threads=1, quiet_ms=None, measure=SimpleNamespace(contention_limit=1.5))
     assert isinstance(_runs.Bench.probe(bench), Probe)  # type: ignore[arg-type]

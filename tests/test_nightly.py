@@ -31,7 +31,7 @@ def test_nightly_config_and_overrides(tmp_path: Path) -> None:
         ROOT / "configs" / "nightly.yaml", {"study": "other", "nightly.time_budget": "2min"}
     )
     assert spec.study_name == "other" and settings.time_budget == 120_000 and db is None
-    assert spec.slo.p99_ms == 7.0 and settings.threshold == 2.0 and settings.p_value == 0.002
+    assert spec.slo.p99 == 7.0 and settings.threshold == 2.0 and settings.p_value == 0.002
     bad = tmp_path / "bad.yaml"
     bad.write_text("nightly:\n  threshold: 0.9\n")
     with pytest.raises(UsageError, match="nightly.threshold"):

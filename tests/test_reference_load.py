@@ -125,11 +125,10 @@ def test_torchao_is_imported_before_a_program_that_holds_its_tensors_is_loaded(
 
 def test_the_nightly_loads_its_stored_reference_onto_the_bench_device(monkeypatch: pytest.MonkeyPatch) -> None:
     from pareto.drift.history import BenchReferences
-    from pareto.store import engine, trials
+    from pareto.store import storage
 
     blob, kind = freeze(_WithConstant().eval(), torch.randn(2, 8))
-    monkeypatch.setattr(engine, "session_scope", lambda _engine: contextlib.nullcontext(None))
-    monkeypatch.setattr(trials, "reference_program", lambda _session, _study, _digest: blob)
+    monkeypatch.setattr(storage, "reference_program", lambda _engine, _study, _digest: blob)
     task = SimpleNamespace(example_input=lambda batch: torch.randn(batch, 8, device="meta"))
     bench = SimpleNamespace(device="meta", engine=None, task=task)
     timed = BenchReferences(bench, 1, lambda _: None).load(Reference(batch=2, kind=kind))

@@ -12,7 +12,6 @@ import click
 
 from pareto._cli.options import db_option, err
 from pareto.errors import ParetoError, UsageError
-from pareto.serve import create_app
 from pareto.store.engine import open_engine, require_schema, resolve_url
 
 
@@ -35,9 +34,10 @@ from pareto.store.engine import open_engine, require_schema, resolve_url
 )
 def command(db: str | None, host: str, port: int, token_file: str | None, allowed_hosts: tuple[str, ...]) -> int:
     """Answer studies, frontier and best over HTTP (read-only; OpenAPI at /docs); Ctrl-C stops."""
-    try:
+    try:  # deferred: FastAPI and uvicorn are the optional "serve" extra
         import uvicorn
 
+        from pareto.serve import create_app
     except ImportError as exc:
         raise ParetoError(
             f"pareto serve needs FastAPI and uvicorn ({exc.name or exc} is missing): pip install 'pareto-slo[serve]'."

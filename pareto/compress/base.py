@@ -254,9 +254,3 @@ def width_multiple(device: torch.device | str) -> int:
 def round_up(units: int, multiple: int) -> int:
     """``units`` rounded up to a multiple of ``multiple``."""
     return -(-units // multiple) * multiple
-
-
-def describe_techniques(*args: Any, **kwargs: Any) -> Any:  # TEMP-37: moved; removed when its callers import it
-    from pareto.compress.availability import describe_techniques as moved
-
-    return moved(*args, **kwargs)

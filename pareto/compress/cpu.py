@@ -81,17 +81,3 @@ class InductorVectors(CpuRule):
 
 INT8_DOT_PRODUCTS = Int8DotProducts()
 INDUCTOR_VECTORS = InductorVectors()
-
-
-def cpu_facts(name: str) -> str | None:  # TEMP-37: moved; removed when its callers import it
-    from pareto.compress.availability import cpu_facts as moved
-
-    return moved(name)
-
-
-def __getattr__(name: str) -> tuple[str, ...]:  # TEMP-37
-    from pareto.compress import availability
-
-    if name == "LEVERS":
-        return availability.levers()
-    raise AttributeError(name)

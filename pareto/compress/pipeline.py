@@ -223,9 +223,3 @@ def _route_around_fused_encoder_kernel(model: nn.Module) -> None:
             plain(m) for m in (layer.linear1, layer.linear2, getattr(layer.self_attn, "out_proj", None))
         ):
             layer.activation_relu_or_gelu = 0  # the fast path's gate: the layer runs module by module
-
-
-def technique_reason(*args: Any, **kwargs: Any) -> Any:  # TEMP-37: moved; removed when its callers import it
-    from pareto.compress.availability import technique_reason as moved
-
-    return moved(*args, **kwargs)

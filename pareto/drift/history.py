@@ -24,7 +24,11 @@ from pareto.drift.stats import (
     noise_band,
     residuals,
 )
+from pareto.errors import message_line
+from pareto.locks import gpu_work
 from pareto.measure.reference import Reference
+from pareto.store import storage
+from pareto.study.bench import build
 
 if TYPE_CHECKING:
     from pareto.measure.latency import Timed
@@ -335,17 +339,13 @@ class BenchReferences:
 
     def load(self, reference: Reference) -> Timed | None:
         """The stored reference, ready to time; None when its program is no longer in the database."""
-        from pareto.locks import gpu_work
         from pareto.measure.latency import Timed
         from pareto.measure.reference import reference_input, reference_model, thaw
-        from pareto.store import trials
-        from pareto.store.engine import session_scope
 
         device = self.bench.device
         if not reference.frozen:
             return Timed(reference_model(device), reference_input(reference, device), label="reference")
-        with session_scope(self.bench.engine) as session:
-            blob = trials.reference_program(session, self.study_id, reference.digest)
+        blob = storage.reference_program(self.bench.engine, self.study_id, reference.digest)
         if blob is None:
             self.notice(f"The study's reference program {reference.digest[:12]} is gone: freezing a new one.")
             return None
@@ -360,14 +360,11 @@ class BenchReferences:
 
         Built and frozen holding the GPU's work lock shared (``pareto.locks.gpu_work``); sized holding it
         exclusively (``size_batch``)."""
-        from pareto.locks import gpu_work
-
         with gpu_work(self.bench.device, what="the nightly's reference, frozen"):
             return self._new(target)
 
     def _new(self, target: Any) -> tuple[Reference, Timed]:
         from pareto.compress import Config
-        from pareto.errors import message_line
         from pareto.measure.reference import size_reference
 
         config = Config.from_dict(target.config)
@@ -394,9 +391,6 @@ class BenchReferences:
 
     def _freeze(self, config: Any, source: str, target_ms: float) -> tuple[int, str]:
         from pareto.measure.reference import freeze, size_batch
-        from pareto.store import trials
-        from pareto.store.engine import session_scope
-        from pareto.study.bench import build
 
         bench = self.bench
         module = build(bench, config).served.eager
@@ -409,8 +403,7 @@ class BenchReferences:
             max_batch=config.batch_size,
         )
         blob, kind = freeze(module, bench.task.example_input(batch))
-        with session_scope(bench.engine) as session:
-            trials.save_reference(session, self.study_id, bench.env_id, Reference(batch, kind).digest, source, blob)
+        storage.save_reference(bench.engine, self.study_id, bench.env_id, Reference(batch, kind).digest, source, blob)
         return batch, kind
 
 

@@ -35,20 +35,24 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from pareto.drift.history import BenchReferences, Measured, NightDrift, drift_lines, whose
 from pareto.drift.regression import Comparison, compare, compare_corrected, not_compared
 from pareto.errors import UsageError
-from pareto.front import Candidate, Constraints, best_or_none, frontier, objective_metrics
+from pareto.front import Candidate, best_or_none, frontier, objective_metrics
+from pareto.limits import Constraints
 from pareto.locks import study_lock
 from pareto.signals import handled
 from pareto.spec import NightlySettings, SearchSpec
-from pareto.store import queries, trials
-from pareto.store.engine import check_path, open_engine, session_scope, upgrade
-from pareto.store.models import Environment, NightlyRun, Study, utcnow
+from pareto.store import storage
+from pareto.store.engine import check_path, open_engine, upgrade
+from pareto.store.records import EnvironmentRecord
+from pareto.store.writes import writing
+from pareto.study.bench import open_bench
+from pareto.task import load_task
 
 #: Exit codes: sysexits.h's EX_TEMPFAIL for "try again later" (lock held, noisy night).
 EXIT_REGRESSION = 3
@@ -131,11 +135,10 @@ class _Terminated:
 def _holder(engine: Any, study: str) -> str:
     """Who holds the study's nightly lock, from its history row (written right after taking it)."""
     try:
-        with session_scope(engine) as session:
-            row = trials.running_nightly(session, study)
-            if row is None:
-                return ""
-            return f"host {row.hostname}, pid {row.pid}, since {row.started_at:%Y-%m-%d %H:%M:%S} UTC"
+        row = storage.running_nightly(engine, study)
+        if row is None:
+            return ""
+        return f"host {row.hostname}, pid {row.pid}, since {row.started_at:%Y-%m-%d %H:%M:%S} UTC"
     except Exception:  # the holder is a courtesy in a message; never fail on it
         return ""
 
@@ -155,18 +158,13 @@ class _Job:
         self.spec, self.settings, self.db_url, self.engine = spec, settings, db_url, engine
         self.notice, self.reporter, self.started = notice, reporter, started
         self.terminated = terminated
-        from pareto.study.search import constraints_of
-
-        self.constraints: Constraints = constraints_of(spec)
+        self.constraints: Constraints = spec.constraints()
         self.summary: dict[str, Any] = {"study": spec.study_name, "task": spec.task}
         self.last_pick: int | None = None  #: the last nightly's pick (``_open_history``)
         #: the runs of tonight's re-measurements: stored held, promoted when the night ends with a verdict
         self.runs: list[int] = []
 
     def run(self) -> NightlyResult:
-        from pareto.study.bench import open_bench
-        from pareto.task import load_task
-
         bench = open_bench(self.db_url, load_task(self.spec.task), self.spec.measure)
         study_id, row_id, reference = self._open_history(bench)
         try:
@@ -242,47 +240,37 @@ class _Job:
         """Mark dead jobs interrupted, find the environment compared with, and start this job's row."""
         from pareto.study.studies import get_or_create_study
 
-        with session_scope(self.engine) as session:
-            study = get_or_create_study(session, self.spec)
-            for dead in trials.nightlies_marked_running(session, study.id):
-                dead.status, dead.finished_at = "interrupted", dead.finished_at or utcnow()
-                dead.summary = {**(dead.summary or {}), "interrupted": "its process ended without finishing"}
+        with writing(self.engine) as w:
+            study = get_or_create_study(w, self.spec)
+            for dead in w.interrupt_nightlies(study.id, "its process ended without finishing"):
                 self.notice(
                     f"The nightly started {dead.started_at:%Y-%m-%d %H:%M} UTC on {dead.hostname} (pid {dead.pid}) "
                     "died without finishing; its lock is taken over and its history entry marked interrupted."
                 )
-            last = trials.last_finished_nightly(session, study.id)
+            last = w.last_finished_nightly(study.id)
             self.last_pick = last.pick_after if last is not None else None
             reference = last.environment_id if last is not None else None
             if reference is None:
-                env = queries.choose_environment(session, study, "latest")
+                env = w.choose_environment(study, "latest")
                 reference = env.id if env is not None else None
-            here = session.get(Environment, bench.env_id)
+            here = w.environment_by_id(bench.env_id)
             assert here is not None
-            changed = _environment_changes(session.get(Environment, reference) if reference else None, here)
+            before = w.environment_by_id(reference) if reference else None
+            changed = _environment_changes(before, here)
             self.summary.update(
-                started_at=utcnow().isoformat(),
+                started_at=datetime.now(timezone.utc).isoformat(),
                 host=socket.gethostname(),
                 environment=here.key,
-                previous_environment=session.get(Environment, reference).key if reference else None,  # type: ignore[union-attr]
+                previous_environment=before.key if before is not None else None,
                 environment_changes=changed,
                 previous_nightly=last.started_at.isoformat() if last is not None else None,
             )
             for line in changed:
                 self.notice(f"Environment changed since the last measurements: {line}.")
-            row = NightlyRun(
-                study_id=study.id,
-                status="running",
-                environment_id=bench.env_id,
-                hostname=socket.gethostname(),
-                pid=os.getpid(),
-                trials_run=0,
-                regressions=0,
-                summary={},
+            row_id = w.add_nightly(
+                study_id=study.id, environment_id=bench.env_id, hostname=socket.gethostname(), pid=os.getpid()
             )
-            session.add(row)
-            session.flush()
-            return study.id, row.id, reference
+            return study.id, row_id, reference
 
     def _served(self, candidates: list[Candidate], best: Candidate | None) -> Candidate | None:
         """The pick compared tonight: the last nightly's pick (what the team serves), else the best now."""
@@ -316,8 +304,7 @@ class _Job:
 
     def _open_drift(self, bench: Any, study_id: int, pick: Candidate | None) -> NightDrift:
         """Past nights in this environment, the reference workload and the noise band they give."""
-        with session_scope(self.engine) as session:
-            summaries = trials.nightly_summaries(session, study_id, bench.env_id)
+        summaries = storage.nightly_summaries(self.engine, study_id, bench.env_id)
         references = BenchReferences(bench, study_id, self.notice)
         drift = NightDrift(summaries, false_alarm=self.settings.false_alarm, references=references)
         drift.pick_trial = pick.trial if pick is not None else None
@@ -431,8 +418,7 @@ class _Job:
     def _withdraw(self, bench: Any) -> None:
         """A noisy night concludes nothing: what it measured stays stored (its summary, the history), held,
         and ``best`` and ``frontier`` keep answering from the measurements before it."""
-        with session_scope(bench.engine) as session:
-            withdrawn = trials.held_count(session, self.runs) if self.runs else 0
+        withdrawn = storage.held_count(bench.engine, self.runs) if self.runs else 0
         self.runs = []  # nothing of tonight's is promoted
         self.summary["withdrawn"] = withdrawn
         if withdrawn:
@@ -508,19 +494,15 @@ class _Job:
         """The night's history row closed; a night that ended with a verdict (not interrupted, failed or
         noisy) has its re-measurements promoted in the same transaction, so an interrupted night changes
         no answer of ``best`` or ``frontier``."""
-        with session_scope(self.engine) as session:
-            row = session.get(NightlyRun, row_id)
-            if row is None:
+        with writing(self.engine) as w:
+            if not w.nightly_exists(row_id):
                 return
             if status in ("ok", "regression") and self.runs:
-                self.summary["promoted"] = trials.promote(session, self.runs)
-            row.status, row.finished_at = status, utcnow()
-            for key, value in values.items():
-                setattr(row, key, value)
+                self.summary["promoted"] = w.promote(self.runs)
             summary = dict(self.summary)
             if error is not None:
                 summary["error"] = "interrupted" if isinstance(error, KeyboardInterrupt) else f"{error}"
-            row.summary = json.loads(json.dumps(summary, default=str))
+            w.close_nightly(row_id, status, values, json.loads(json.dumps(summary, default=str)))
 
 
 def _load(bench: Any, study_id: int, env_id: int | None, *, promoted: list[int] | None = None) -> list[Candidate]:
@@ -532,24 +514,15 @@ def _load(bench: Any, study_id: int, env_id: int | None, *, promoted: list[int] 
         return []
     if not promoted:
         return load_candidates(bench, study_id, env_id)
-    with session_scope(bench.engine) as session:
-        trials.promote(session, promoted)
-        study = session.get(Study, study_id)
-        assert study is not None
-        found = queries.candidates(session, study, session.get(Environment, env_id))
-        session.rollback()
-    return found
+    return storage.candidates_if_promoted(bench.engine, study_id, env_id, promoted)
 
 
 def _measurement_of(bench: Any, study_id: int, number: int, runs: list[int]) -> dict[str, Any]:
     """The metrics a confirmation run just stored for trial ``number``."""
-    from pareto.metrics import Metrics
-
-    with session_scope(bench.engine) as session:
-        return Metrics.from_row(trials.measurement_in_runs(session, study_id, number, runs)).to_dict()
+    return storage.measurement_in_runs(bench.engine, study_id, number, runs).to_dict()
 
 
-def _environment_changes(before: Environment | None, now: Environment) -> list[str]:
+def _environment_changes(before: EnvironmentRecord | None, now: EnvironmentRecord) -> list[str]:
     if before is None or before.id == now.id:
         return []
     old, new = before.details or {}, now.details or {}

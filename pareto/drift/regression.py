@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from pareto.drift.stats import NoiseBand
-from pareto.front import p99_verdict
+from pareto.limits import p99_verdict
 from pareto.spec import DEFAULT_REGRESSION_P_VALUE, DEFAULT_REGRESSION_THRESHOLD
 
 #: A P99 must grow by more than this factor to count as slower; asv's significance level for its

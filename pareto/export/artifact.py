@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from pareto.compress import Config, Served
-    from pareto.export.bundle import Selection
+    from pareto.front import Candidate
     from pareto.task import Task
 
 TORCH_EXPORT = "torch.export"
@@ -47,6 +47,17 @@ _INT8_EAGER = (
     "torch.export cannot trace torch.ao's eager int8 Linear (its packed weights are a TorchScript object), "
     "so the artifact is TorchScript, which keeps quantized::linear_dynamic and the packed weights"
 )
+
+
+@dataclass
+class Selection:
+    """The stored measurement an export rebuilds: which study, task, trial, and how it was chosen."""
+
+    study: str
+    task: str
+    trial: int
+    candidate: Candidate
+    chosen_by: dict[str, Any]
 
 
 def rebuild(selection: Selection, task: Task, config: Config, device: str) -> Served:

@@ -69,8 +69,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pareto.api import best as pick_best
 from pareto.errors import UsageError
-from pareto.export.artifact import ARTIFACT_NAMES, ONNX, TORCH_EXPORT, TORCHSCRIPT, Artifact, rebuild, serialize
+from pareto.export.artifact import (
+    ARTIFACT_NAMES,
+    ONNX,
+    TORCH_EXPORT,
+    TORCHSCRIPT,
+    Artifact,
+    Selection,
+    rebuild,
+    serialize,
+)
 from pareto.export.check import CHECK_TIMEOUT_S, max_abs_diff, reload_check
 from pareto.export.manifest import (
     ENVIRONMENT_FIELDS,
@@ -82,9 +92,14 @@ from pareto.export.manifest import (
     sha256,
 )
 from pareto.limits import Limits
+from pareto.machine import environment_key
+from pareto.measure.environment import fingerprint
+from pareto.store.engine import open_engine, require_schema, resolve_url
+from pareto.store.reads import reading
+from pareto.task import load_task
 
 if TYPE_CHECKING:
-    from pareto.front import Candidate
+    pass
 
 __all__ = [
     "ARTIFACT_NAMES",
@@ -105,17 +120,6 @@ __all__ = [
     "select_trial",
     "sha256",
 ]
-
-
-@dataclass
-class Selection:
-    """The stored measurement an export rebuilds: which study, task, trial, and how it was chosen."""
-
-    study: str
-    task: str
-    trial: int
-    candidate: Candidate
-    chosen_by: dict[str, Any]
 
 
 @dataclass
@@ -142,9 +146,6 @@ def select_trial(limits: Limits, /, *, trial: int | None, best: bool, db: str | 
         NotFound: unknown study or trial number.
         NoFeasibleConfiguration: with ``best``, nothing meets the SLOs (the message names the closest).
     """
-    from pareto.store import queries
-    from pareto.store.engine import open_engine, require_schema, resolve_url, session_scope
-
     if (trial is None) == (not best):
         raise UsageError("Name what to export with exactly one of --trial N and --best.")
     given = {
@@ -164,19 +165,17 @@ def select_trial(limits: Limits, /, *, trial: int | None, best: bool, db: str | 
     env_key: str | None = None
     study, environment = limits.study, limits.environment
     if best:
-        from pareto.api import best as pick_best
-
         pick = pick_best(limits, db=db)
         study, trial, env_key = pick["study"], pick["trial"], pick["environment"]["key"]
         chosen_by = {"by": "best", "given": given, "slo": pick["slo"], "confirmation": pick["confirmation"]}
     assert trial is not None
     engine = open_engine(resolve_url(db), create=False)
     require_schema(engine)
-    with session_scope(engine) as session:
-        row = queries.get_study(session, study) if study else queries.default_study(session)
-        _, found = queries.trial_measurements(session, row, trial)
+    with reading(engine) as r:
+        row = r.study(study)
+        _, found = r.trial_measurements(row, trial)
         if env_key is None and environment is not None:
-            env = queries.choose_environment(session, row, environment)
+            env = r.choose_environment(row, environment)
             env_key = env.key if env is not None else None
         chosen = [c for c in found if env_key is None or c.environment["key"] == env_key]
         if not chosen:
@@ -242,9 +241,6 @@ def _export(selection: Selection, target: Path, staging: Path, fresh_process: bo
 
     from pareto.compress import Config
     from pareto.devices import device_here, on_device
-    from pareto.machine import environment_key
-    from pareto.measure.environment import fingerprint
-    from pareto.task import load_task
 
     candidate = selection.candidate
     config = Config.from_dict(candidate.config)

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from pareto.compress import Config
-    from pareto.export.bundle import Selection
+    from pareto.export.artifact import Selection
     from pareto.task import Task
 
 #: Seconds the fresh process may take to import torch, load the artifact and run it.

@@ -16,7 +16,7 @@ from pareto.export.check import tensors
 
 if TYPE_CHECKING:
     from pareto.compress import Config, Technique
-    from pareto.export.bundle import Selection
+    from pareto.export.artifact import Selection
     from pareto.front import Candidate
 
 MANIFEST = "manifest.json"

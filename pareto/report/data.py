@@ -10,9 +10,13 @@ import html
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from pareto import api
 from pareto.errors import NoFeasibleConfiguration, UsageError
-from pareto.front import DEFAULT_OBJECTIVE_NAMES, Constraints, evaluate
-from pareto.limits import Limits
+from pareto.front import DEFAULT_OBJECTIVE_NAMES
+from pareto.limits import Constraints, Limits, evaluate
+from pareto.measure.roofline import load_profile
+from pareto.store.engine import read_engine
+from pareto.store.reads import reading
 
 
 @dataclass
@@ -74,7 +78,6 @@ def load_data(limits: Limits, db: str | None) -> ReportData:
         UsageError: ``environment="all"``; bad limits.
         NotFound: no such study.
     """
-    from pareto import api
 
     if limits.environment == "all":
         raise UsageError("A report compares measurements within one environment; name one with --environment KEY.")
@@ -120,13 +123,7 @@ def _constraints(rows: list[dict[str, Any]], summary: dict[str, Any], limits: Li
     """The constraints each trial was judged by (the same on every row); with no trial, ``limits`` and
     the study's stored SLO (the study summary carries no memory budget, so only a given one counts)."""
     if rows:
-        slo = rows[0]["slo"]
-        return Constraints(
-            p99_ms=slo.get("p99_ms"),
-            min_accuracy=slo.get("min_accuracy"),
-            max_memory_bytes=slo.get("max_memory_bytes"),
-            min_throughput_per_s=slo.get("min_throughput_per_s"),
-        )
+        return Constraints.from_dict(rows[0]["slo"])
     return limits.constraints(summary)
 
 
@@ -146,7 +143,6 @@ def _baseline(rows: list[dict[str, Any]], focus: dict[str, Any] | None) -> dict[
 
 def _ceilings(rows: list[dict[str, Any]], db: str | None) -> dict[str, Ceilings | str]:
     """Each roofline profile the trials were placed on: its ceilings, or why they cannot be drawn."""
-    from pareto.measure.roofline import load_profile
 
     names = {r["metrics"].get("hardware_profile") for r in rows} - {None}
     result: dict[str, Ceilings | str] = {}
@@ -172,15 +168,12 @@ def _host_ceilings(name: str, env: dict[str, Any], db: str | None) -> Ceilings |
     """The latest `pareto calibrate` of this environment (else of the same device, host and torch),
     read without writing; one marked suspect too, with a warning (the page says so rather than hiding
     the roof)."""
-    from pareto.store import queries
-    from pareto.store.engine import read_engine, session_scope
-
-    with session_scope(read_engine(db)) as session:
-        row = queries.latest_calibration(session, env)
-        if row is None:
-            return f"profile {name} is a calibration of {env['hostname']}, and none is stored any more"
-        peaks, bandwidth, suspect = row.peak_flops, row.memory_bandwidth_bytes_per_s, row.suspect_reason
-        created, hostname = row.created_at, row.environment.hostname
+    with reading(read_engine(db)) as r:
+        row = r.latest_calibration(env)
+    if row is None:
+        return f"profile {name} is a calibration of {env['hostname']}, and none is stored any more"
+    peaks, bandwidth, suspect = row.peak_flops, row.memory_bandwidth_bytes_per_s, row.suspect_reason
+    created, hostname = row.created_at, row.hostname
     when = created.strftime("%Y-%m-%d %H:%M") if created else "?"
     return Ceilings(
         name=name,

@@ -14,6 +14,7 @@ from rich.text import Text
 
 from pareto.metrics import METHOD_SEPARATOR
 from pareto.naming import describe_config
+from pareto.store.records import TrialState
 from pareto.units import format_bytes, format_ms
 
 if TYPE_CHECKING:
@@ -237,7 +238,8 @@ class ProgressReporter:
 
     def trial_done(self, outcome: TrialOutcome, best: Candidate | None) -> None:
         self._print(_trial_line(outcome))
-        if outcome.state in ("DUPLICATE", "BUSY"):  # a repeat, or nothing measured: not one of the --n-trials
+        # a repeat, or nothing measured: not one of the --n-trials
+        if outcome.state in (TrialState.DUPLICATE, TrialState.BUSY):
             return
         self.done += 1
         if best is not None:
@@ -271,15 +273,15 @@ class ProgressReporter:
 def _trial_line(outcome: TrialOutcome) -> str:
     """One line per finished trial; the contention guard's discarded rounds are said, a busy trial too."""
     head = f"trial {outcome.number:>3}  "
-    if outcome.state == "FAILED":
+    if outcome.state == TrialState.FAILED:
         return head + f"[red]failed[/]  {escape(outcome.description)}: {escape(outcome.error or '')}"
-    if outcome.state == "BUSY":
+    if outcome.state == TrialState.BUSY:
         return (
             head + f"[yellow]machine busy[/]  {escape(outcome.description)}: {escape(outcome.error or '')}; no verdict"
         )
-    if outcome.state == "PRUNED":
+    if outcome.state == TrialState.PRUNED:
         return head + f"[yellow]rejected early[/]  {escape(outcome.description)}: {escape(outcome.error or '')}"
-    if outcome.state == "DUPLICATE" and "accuracy" not in outcome.metrics:
+    if outcome.state == TrialState.DUPLICATE and "accuracy" not in outcome.metrics:
         # one that broke there says so (its outcome's error); one rejected early there, that
         note = f"{outcome.error or f'repeat of trial {outcome.repeat_of}, rejected early there'}; not counted"
         return head + f"{escape(outcome.description)}  [dim]({note})[/]"
@@ -289,7 +291,7 @@ def _trial_line(outcome: TrialOutcome) -> str:
         f"p50 {format_ms(m['latency_p50_ms'])}  p99 {format_ms(m['latency_p99_ms'])} "
         f"(≤ {format_ms(m.get('latency_p99_upper_ms'))})"
     )
-    if outcome.state == "DUPLICATE":
+    if outcome.state == TrialState.DUPLICATE:
         return line + f"  [dim](repeat of trial {outcome.repeat_of}, answered from the database; not counted)[/]"
     if m.get("discarded_rounds"):
         line += f"  [yellow]({m['discarded_rounds']} rounds discarded for contention)[/]"

@@ -18,6 +18,8 @@ from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError, SQLA
 from sqlalchemy.orm import Session, sessionmaker
 
 from pareto.errors import DatabasePathError, StoreError, UsageError, message_line
+from pareto.locks import advisory_key
+from pareto.store.version import ParetoSession  # bumps the data version when it writes
 
 T = TypeVar("T")
 
@@ -210,8 +212,6 @@ def migration_connection(engine: Engine) -> Iterator[Connection]:
     procedure for schema changes), checked before the commit instead.
     """
     if engine.dialect.name != "sqlite":
-        from pareto.locks import advisory_key
-
         with engine.begin() as connection:
             if engine.dialect.name == "postgresql":
                 key = advisory_key(MIGRATION_LOCK)
@@ -330,8 +330,6 @@ def read_engine(db: str | None) -> Engine:
 @contextmanager
 def session_scope(engine: Engine) -> Iterator[Session]:
     """A session that commits on success and rolls back on any error."""
-    from pareto.store.version import ParetoSession  # bumps the data version when it writes
-
     factory = sessionmaker(engine, class_=ParetoSession, expire_on_commit=False)
     session = factory()
     try:

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 from pareto.errors import NotFound, UsageError
 from pareto.front import DEFAULT_OBJECTIVE_NAMES, PICK_ORDER, Candidate
 from pareto.limits import Constraints
+from pareto.machine import HardwareProfile, describe_cpu_features, environment_key
 from pareto.metrics import Metrics
 from pareto.slo import P99_BOUND_METRIC
 from pareto.store.models import (
@@ -58,7 +59,6 @@ def default_study(session: Session) -> Study:
 
 def environment_id(session: Session, fp: dict[str, Any]) -> int:
     """The id of the environment with this fingerprint, stored on first sight."""
-    from pareto.machine import environment_key
 
     key = environment_key(fp)
     env = session.scalars(select(Environment).where(Environment.key == key)).one_or_none()
@@ -252,7 +252,7 @@ def _feasible(constraints: Constraints) -> list[Any]:
     under (or over) the limit; a bounded limit also needs its bound stored, from enough samples."""
     conditions: list[Any] = []
     for limit, value in constraints.set():
-        column = _LIGHT_COLUMNS[limit.metric]
+        column = _column(limit.metric)
         if limit.bound:
             conditions.append(column.is_not(None))
         conditions.append(column <= value if limit.at_most else column >= value)
@@ -290,6 +290,11 @@ _LIGHT_COLUMNS: dict[str, Any] = {
 }
 
 
+def _column(metric: str) -> Any:
+    """The stored column of a metric (``Metrics``' field), memory with its fallback."""
+    return _LIGHT_COLUMNS.get(metric) if metric in _LIGHT_COLUMNS else getattr(Measurement, metric)
+
+
 def light_columns(
     session: Session, study: Study, environment: Environment, names: list[str]
 ) -> tuple[list[int], dict[str, Any]]:
@@ -301,7 +306,7 @@ def light_columns(
     import numpy as np
 
     names = list(dict.fromkeys(names))
-    query = select(Measurement.id, Measurement.trial_id, *(_LIGHT_COLUMNS[n] for n in names)).where(
+    query = select(Measurement.id, Measurement.trial_id, *(_column(n) for n in names)).where(
         Measurement.study_id == study.id,
         Measurement.environment_id == environment.id,
         Measurement.preferred.is_(True),
@@ -432,7 +437,6 @@ def study_summaries(session: Session) -> list[dict[str, Any]]:
 
 def _cpu_kernels(environments: list[dict[str, Any]]) -> list[str]:
     """The kernel features of the CPUs a study was measured on, in words, once each."""
-    from pareto.machine import describe_cpu_features
 
     return sorted({describe_cpu_features(e["cpu_features"]) for e in environments if e.get("cpu_features")})
 
@@ -505,7 +509,6 @@ def delete_study(session: Session, name: str) -> dict[str, Any]:
 def latest_calibration(session: Session, fingerprint: dict[str, Any]) -> HardwareCalibration | None:
     """The latest calibration of this environment, else of the same device on the same host with the
     same torch (calibrated at another thread count)."""
-    from pareto.machine import environment_key
 
     newest = (HardwareCalibration.created_at.desc(), HardwareCalibration.id.desc())
     exact = session.scalars(
@@ -533,7 +536,6 @@ def latest_calibration(session: Session, fingerprint: dict[str, Any]) -> Hardwar
 
 def calibration_profile(row: HardwareCalibration) -> HardwareProfile:
     """A stored `pareto calibrate` result as a roofline profile."""
-    from pareto.machine import HardwareProfile
 
     return HardwareProfile(
         name=f"host-{row.environment.device.replace(':', '-')}",

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from pareto.compress import Config, Served, apply
 from pareto.errors import BaselineFailed, MachineBusy, TechniqueError, Transient, UsageError, exception_line
+from pareto.measure.roofline import achieved_fraction, ceiling_suspect, roofline_bound_ms
+from pareto.measure.roofline import regime as regime_of
 from pareto.metrics import METHOD_SEPARATOR, Metrics
 
 if TYPE_CHECKING:
@@ -412,9 +414,6 @@ def _other_axes(
 
 def _roofline(fields: dict[str, Any], profile: HardwareProfile, dtype: str, notes: list[str]) -> str | None:
     """Place the measurement on the roofline; return why the profile is wrong when it ran faster."""
-    from pareto.measure.roofline import achieved_fraction, ceiling_suspect, roofline_bound_ms
-    from pareto.measure.roofline import regime as regime_of
-
     if dtype not in profile.peak_flops:
         notes.append(f"no roofline: profile {profile.name!r} has no {dtype} peak")
         return None

@@ -14,10 +14,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pareto.errors import MachineBusy, StoreError
+from pareto.locks import gpu_work, timing_lock
+from pareto.machine import environment_key
+from pareto.measure.environment import fingerprint, separate_compiled_code
+from pareto.measure.roofline import resolve_profile
 from pareto.metrics import Metrics
-from pareto.store import queries, trials
-from pareto.store.engine import open_engine, session_scope, upgrade
-from pareto.store.models import Measurement, Run, utcnow
+from pareto.store import storage
+from pareto.store.engine import open_engine, require_schema, upgrade
+from pareto.store.reads import reading
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -69,7 +74,6 @@ class Bench:
 
     def probe(self) -> ContentionProbe | None:
         """A contention probe for a run on this bench (None when the guard is off)."""
-        from pareto.locks import timing_lock
         from pareto.measure.probe import ContentionProbe
 
         if self.measure.contention_limit is None:
@@ -109,7 +113,6 @@ def open_bench(
     import torch
 
     from pareto.devices import on_device, resolve_device
-    from pareto.measure.environment import fingerprint, separate_compiled_code
 
     separate_compiled_code()  # before anything compiles: code compiled under other kernel limits stays apart
     device = resolve_device(measure.device)
@@ -118,8 +121,6 @@ def open_bench(
     engine, env_id, calibration, note, quiet = _stored_environment(db_url, env_fp, read_only)
     profile = None
     if with_profile:
-        from pareto.measure.roofline import resolve_profile
-
         profile, missing = resolve_profile(measure.hardware, fingerprint=env_fp, calibration=calibration)
         note = note or missing if measure.hardware in {"auto", "host"} else None
     view = on_device(task, device)
@@ -130,10 +131,6 @@ def _stored_environment(
     db_url: str | None, env_fp: dict[str, Any], read_only: bool
 ) -> tuple[Engine | None, int | None, HardwareProfile | None, str | None, float | None]:
     """The engine, the environment's id (stored unless read-only), its calibration, why none, its quiet probe time."""
-    from pareto.errors import StoreError
-    from pareto.machine import environment_key
-    from pareto.store.engine import get_or_create, require_schema
-
     if db_url is None:
         return None, None, None, None, None
     try:
@@ -146,34 +143,25 @@ def _stored_environment(
         if not read_only:
             raise
         return None, None, None, None, None  # no database yet: no calibration, the probe's quiet time is its own
-    with session_scope(engine) as session:
-        # two first runs on one host at once both store the environment: one insert wins, the other reads it
-        env_id = None if read_only else get_or_create(session, lambda s: queries.environment_id(s, env_fp))
-        calibration, note = queries.host_calibration(session, env_fp)
-        quiet = queries.probe_quiet_ms(session, environment_key(env_fp))
+    env_id, calibration, note, quiet = storage.bench_environment(engine, env_fp, store=not read_only)
     return engine, env_id, calibration, note, quiet
 
 
 def start_run(bench: Bench, *, kind: str, study_id: int | None) -> RunHandle:
     """Store a new run; build its contention probe against the environment's quiet time."""
-    from pareto.machine import environment_key
-
-    with session_scope(bench.engine) as session:
-        bench.quiet_ms = queries.probe_quiet_ms(session, environment_key(bench.fingerprint))
+    with reading(bench.engine) as r:
+        bench.quiet_ms = r.probe_quiet_ms(environment_key(bench.fingerprint))
     probe = bench.probe()  # outside a transaction: it may wait for the device's timing lock
-    with session_scope(bench.engine) as session:
-        run = Run(
-            study_id=study_id,
-            kind=kind,
-            environment_id=bench.env_id,
-            hostname=socket.gethostname(),
-            pid=os.getpid(),
-            probe_reference_ms=probe.run_reference_ms if probe is not None else None,
-            details={},
-        )
-        session.add(run)
-        session.flush()
-        return RunHandle(run.id, probe)
+    run_id = storage.add_run(
+        bench.engine,
+        study_id=study_id,
+        kind=kind,
+        environment_id=bench.env_id,
+        hostname=socket.gethostname(),
+        pid=os.getpid(),
+        probe_reference_ms=probe.run_reference_ms if probe is not None else None,
+    )
+    return RunHandle(run_id, probe)
 
 
 @dataclass
@@ -244,7 +232,6 @@ def time_beside(
             timed together), with the device and the batch; the models built here are let go of and
             the device's cached memory is freed before it is raised.
     """
-    from pareto.locks import gpu_work
     from pareto.study.assess import device_memory
 
     with gpu_work(bench.device, what="configurations timed together"), device_memory(configs, bench.device):
@@ -287,7 +274,6 @@ def retime_baseline(
     """Time the uncompressed model at ``batch_size`` again for this run's speedups (its trial ``trial_id``),
     stored as a "baseline" measurement; said in one line, as is a machine too busy to time it."""
     from pareto.compress import Config
-    from pareto.errors import MachineBusy
     from pareto.study.assess import remeasured, round_plan
 
     stored = stored_metrics(bench, trial_id)
@@ -327,18 +313,7 @@ def wait_for_quiet(run: RunHandle, notice: Callable[[str], None], wait_s: float)
 
 
 def finish_run(bench: Bench, run: RunHandle, **details: Any) -> None:
-    with session_scope(bench.engine) as session:
-        row = session.get(Run, run.run_id)
-        if row is not None:
-            row.finished_at = utcnow()
-            row.details = {**(row.details or {}), **details}
-
-
-def measurement_row(bench: Bench, run: RunHandle, trial_id: int, metrics: Metrics, *, kind: str) -> Measurement:
-    """A new measurement of a trial's configuration, tagged with its run and environment."""
-    return Measurement(
-        trial_id=trial_id, environment_id=bench.env_id, run_id=run.run_id, kind=kind, **metrics.to_dict()
-    )
+    storage.finish_run(bench.engine, run.run_id, details)
 
 
 def store_measurement(
@@ -346,28 +321,17 @@ def store_measurement(
 ) -> None:
     """Keep one measurement of a trial's configuration, tagged with its run and environment; ``held``:
     not answered from until promoted (``pareto.store.trials.promote``)."""
-    row = measurement_row(bench, run, trial_id, metrics, kind=kind)
-    row.held = held
-    with session_scope(bench.engine) as session:
-        session.add(row)
+    storage.add_measurement(bench.engine, trial_id, bench.env_id, run.run_id, metrics, kind=kind, held=held)
 
 
 def stored_metrics(bench: Bench, trial_id: int) -> Metrics | None:
     """A trial's stored metrics: from this environment when it was measured here, else any other."""
-    with session_scope(bench.engine) as session:
-        rows = trials.measurements_of(session, trial_id)
-        here = [m for m in rows if m.environment_id == bench.env_id]
-        chosen = here or list(rows)
-        return Metrics.from_row(chosen[-1]) if chosen else None
+    return storage.trial_metrics(bench.engine, trial_id, bench.env_id)
 
 
 def baseline_trial(bench: Bench, study_id: int, batch_size: int) -> int | None:
     """The id of the study's completed baseline trial at ``batch_size``, preferring this environment."""
-    with session_scope(bench.engine) as session:
-        rows = trials.baseline_trials(session, study_id, batch_size)
-        here = [t for t in rows if t.environment_id == bench.env_id]
-        chosen = here or list(rows)
-        return chosen[0].id if chosen else None
+    return storage.baseline_trial(bench.engine, study_id, batch_size, bench.env_id)
 
 
 def guard_summary(results: list[LatencyResult]) -> str:

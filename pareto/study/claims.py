@@ -20,30 +20,20 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
 
 from sqlalchemy.engine import Engine
-from sqlalchemy.orm import Session
 
 from pareto.errors import MachineBusy
-from pareto.metrics import Metrics
-from pareto.store import trials
-from pareto.store.engine import session_scope
-from pareto.store.models import Trial, utcnow
+from pareto.store import storage
+from pareto.store.records import NewTrial, Verdict
 
 #: How long a trial waits for another worker measuring the same configuration before it gives up (BUSY).
 TWIN_WAIT_S = 1800.0
 TWIN_POLL_S = 1.0
 
-
-class Twin(NamedTuple):
-    """An earlier trial of the same configuration here: its number, its metrics ({} when rejected early or
-    broken), the P99 lower bound that rejected it, or the reason it broke."""
-
-    number: int
-    metrics: dict[str, Any]
-    p99_lower_ms: float | None
-    failed: str | None = None
+#: An earlier trial of the same configuration here: its number, its metrics ({} when rejected early or
+#: broken), the P99 lower bound that rejected it, or the reason it broke.
+Twin = Verdict
 
 
 @dataclass
@@ -57,12 +47,13 @@ class Claims:
     slo_ms: float | None
 
     def claim(
-        self, row: Callable[..., Trial], key: str, *, replacing: int | None = None, waiting: Callable[[], None]
+        self, row: Callable[..., NewTrial], key: str, *, replacing: int | None = None, waiting: Callable[[], None]
     ) -> tuple[int, Twin | None]:
         """The trial's row id and None when it claimed ``key`` (measure it), or the id of its DUPLICATE row
         and the twin that answers it. ``row(**fields)`` makes the trial's row; ``replacing``: the trial's
         earlier row, deleted in the first attempt (its configuration turned out to be ``key``);
-        ``waiting()`` runs between polls (failing the trials of dead workers).
+        ``waiting()`` runs between polls (failing the trials of dead workers). Each attempt is one
+        transaction (``pareto.store.storage.claim``).
 
         Raises:
             MachineBusy: another worker has measured the same configuration for ``TWIN_WAIT_S`` (the
@@ -72,45 +63,13 @@ class Claims:
         why = f"another worker has measured the same configuration here for over {TWIN_WAIT_S:.0f} s"
         while True:
             late = time.monotonic() > deadline
-            with session_scope(self.engine) as session:
-                if replacing is not None:
-                    trials.drop_trial(session, replacing)
-                    replacing = None
-                row_id = trials.claim_trial(session, row())
-                twin = self.verdict(session, key, exclude_id=row_id)
-                if twin is not None:
-                    return self._duplicate(session, row, row_id, twin), twin
-                if row_id is not None:
-                    return row_id, None
-                if late:
-                    trials.add_trial(session, row(state="BUSY", error=why, finished_at=utcnow()))
+            row_id, twin = storage.claim(
+                self.engine, row, key, replacing=replacing, slo_ms=self.slo_ms, busy=why if late else None
+            )
+            replacing = None
+            if row_id is not None:
+                return row_id, twin
             if late:
                 raise MachineBusy(why)
             time.sleep(TWIN_POLL_S)
             waiting()
-
-    def verdict(self, session: Session, key: str, *, exclude_id: int | None) -> Twin | None:
-        """The verdict stored on ``key`` here: measured, broken here, or rejected early against an SLO at
-        least as tight as this run's (a looser SLO measures it again)."""
-        exclude = exclude_id if exclude_id is not None else -1
-        earlier = trials.measured_twin(session, self.study_id, self.env_id, key, exclude)
-        if earlier is not None:
-            return Twin(earlier.trial.optuna_number, Metrics.from_row(earlier).to_dict(), None)
-        failed = trials.failed_twin(session, self.study_id, self.env_id, key, exclude)
-        if failed is not None:
-            return Twin(failed[0], {}, None, failed=failed[1])
-        if self.slo_ms is None:
-            return None
-        for number, early in trials.rejected_early(session, self.study_id, self.env_id, key, exclude):
-            lower = (early or {}).get("latency_p99_lower_ms")
-            if lower is not None and lower > self.slo_ms:
-                return Twin(number, {}, lower)
-        return None
-
-    @staticmethod
-    def _duplicate(session: Session, row: Callable[..., Trial], row_id: int | None, twin: Twin) -> int:
-        reason = f"same configuration as trial {twin.number}; not measured again"
-        if row_id is None:
-            return trials.add_trial(session, row(state="DUPLICATE", error=reason, finished_at=utcnow()))
-        trials.finish_trial(session, row_id, "DUPLICATE", reason)
-        return row_id

@@ -17,22 +17,14 @@ from typing import TYPE_CHECKING, Any
 
 from pareto.compress import Config, why_not_here
 from pareto.errors import MachineBusy, NoFeasibleConfiguration, UsageError
-from pareto.front import (
-    DEFAULT_OBJECTIVE_NAMES,
-    Candidate,
-    Constraints,
-    constraint_gaps,
-    frontier,
-    objective_metrics,
-    p99_verdict,
-    select_best,
-)
+from pareto.front import DEFAULT_OBJECTIVE_NAMES, Candidate, frontier, objective_metrics, select_best
+from pareto.limits import Constraints, constraint_gaps, p99_verdict
 from pareto.locks import gpu_work
 from pareto.metrics import FIELD_NAMES, Metrics
 from pareto.slo import P99_BOUND_METRIC
-from pareto.store import queries
-from pareto.store.engine import session_scope
-from pareto.store.models import Environment, Study, Trial
+from pareto.store import storage
+from pareto.store.reads import Reader, reading
+from pareto.store.records import StudyRecord
 from pareto.study.bench import (
     Bench,
     RunHandle,
@@ -168,17 +160,12 @@ def confirm(
     """
     from pareto.study.assess import round_plan
 
-    with session_scope(bench.engine) as session:
-        study = session.get(Study, study_id)
-        env = session.get(Environment, bench.env_id)
-        assert study is not None and env is not None
+    with reading(bench.engine) as r:
+        study = r.study_by_id(study_id)
+        env = r.environment_by_id(bench.env_id)
+        assert env is not None
         name, env_key = study.name, env.key
-        trial_ids = {
-            t.optuna_number: t.id
-            for t in session.query(Trial).filter(
-                Trial.study_id == study_id, Trial.optuna_number.in_([p.trial for p in picks])
-            )
-        }
+        trial_ids = r.trial_ids(study_id, [p.trial for p in picks])
     result = ConfirmResult(study=name, run=None, environment=env_key)
     if not picks:
         result.note = "nothing to confirm: no frontier configuration is feasible or near the SLO"
@@ -245,10 +232,8 @@ def _record(
     trial_id, pick, stored, config = entry
     before = stored.to_dict()
     verdict_before = p99_verdict(before, constraints.p99_ms) if constraints.p99_ms else None
-    with session_scope(bench.engine) as session:
-        row = session.get(Trial, trial_id)
-        assert row is not None
-        number, description = row.optuna_number, row.description
+    with reading(bench.engine) as r:
+        number, description = r.trial_label(trial_id)
     item = ConfirmedItem(
         number, description, pick is None or config.is_baseline, _latency_view(before), None, verdict_before, None
     )
@@ -332,9 +317,9 @@ def confirm_study(
     bench: Bench, study_name: str, constraints: Constraints, *, top: int, margin: float, environment: str | None = None
 ) -> ConfirmResult:
     """Choose the configurations of a stored study worth confirming, and confirm them on this bench."""
-    with session_scope(bench.engine) as session:
-        study = queries.get_study(session, study_name)
-        env = queries.choose_environment(session, study, environment or _here(session, study, bench))
+    with reading(bench.engine) as r:
+        study = r.study(study_name)
+        env = r.choose_environment(study, environment or _here(r, study, bench))
         objectives = study.spec.get("objectives") or list(DEFAULT_OBJECTIVE_NAMES)
         study_id, env_id = study.id, env.id if env is not None else None
     return confirm_pick(
@@ -350,15 +335,11 @@ def confirm_study(
 
 def load_candidates(bench: Bench, study_id: int, env_id: int | None) -> list[Candidate]:
     """A study's candidates in one environment (None: all), read afresh."""
-    with session_scope(bench.engine) as session:
-        study = session.get(Study, study_id)
-        assert study is not None
-        env = session.get(Environment, env_id) if env_id is not None else None
-        return queries.candidates(session, study, env)
+    return storage.study_candidates(bench.engine, study_id, env_id)
 
 
-def _here(session: Any, study: Study, bench: Bench) -> str:
+def _here(r: Reader, study: StudyRecord, bench: Bench) -> str:
     """This machine's environment when the study was measured here, else the study's latest."""
-    keys = [e["key"] for e in queries.study_environments(session, study)]
-    env = session.get(Environment, bench.env_id)
+    keys = [e["key"] for e in r.environments(study)]
+    env = r.environment_by_id(bench.env_id)
     return env.key if env is not None and env.key in keys else "latest"

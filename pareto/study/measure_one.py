@@ -1,6 +1,6 @@
 """Measuring one configuration beside the uncompressed model, outside a search: what ``pareto measure``
 does for a configuration named on the command line and, with ``--trial``, for a stored trial measured
-again with its stored method (both through ``_runs.time_together``, the one interleaved timing)."""
+again with its stored method (both through ``bench.time_together``, the one interleaved timing)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,26 @@ from typing import Any
 
 from pareto.errors import UsageError
 from pareto.front import Candidate
+from pareto.limits import p99_verdict
+from pareto.locks import gpu_work
+from pareto.machine import environment_key
+from pareto.metrics import FIELD_NAMES, Metrics
 from pareto.slo import DEFAULT_ROUNDS, MIN_CONFIDENCE
+from pareto.spec import Measure
 from pareto.store.engine import resolve_url
+from pareto.study.bench import (
+    baseline_trial,
+    finish_run,
+    open_bench,
+    start_run,
+    store_measurement,
+    stored_metrics,
+    time_together,
+)
 
 
 def stored_measure(spec: dict[str, Any], device: str | None, threads: int | None) -> Any:
     """The study's own measurement settings, with the device and threads given here."""
-    from pareto.spec import Measure
-
     stored = dict(spec.get("measure") or {})
     stored.update({k: v for k, v in {"device": device, "threads": threads}.items() if v is not None})
     known = set(Measure.model_fields)
@@ -24,8 +36,6 @@ def stored_measure(spec: dict[str, Any], device: str | None, threads: int | None
 
 def measure_settings(**values: Any) -> Any:
     """Measurement settings checked as a spec's are (durations such as "20s" parsed)."""
-    from pareto.spec import Measure
-
     return Measure.model_validate(values)
 
 
@@ -40,9 +50,7 @@ def measure_beside_baseline(
             naming the configuration, the device and the batch, with the device's memory freed.
     """
     from pareto.compress import Config, why_not_here
-    from pareto.locks import gpu_work
     from pareto.study.assess import device_memory, preflight
-    from pareto.study.bench import open_bench
 
     bench = open_bench(resolve_url(db), task, settings, read_only=True)
     reason = why_not_here(config, bench.task, bench.device)
@@ -58,10 +66,8 @@ def measure_beside_baseline(
 def _measured(bench: Any, config: Any, base_config: Any, settings: Any, p99_ms: float | None) -> dict[str, Any]:
     """``measure_beside_baseline``'s work, in a frame of its own: once an error has left it, its
     models can be let go of."""
-    from pareto.machine import environment_key
     from pareto.measure.memory import theoretical_bytes
     from pareto.study.assess import complete, device_memory, round_plan
-    from pareto.study.bench import time_together
 
     timed = time_together(bench, [config, base_config], plan=round_plan(settings, p99_ms), probe=bench.probe())
     common = dict(
@@ -92,8 +98,6 @@ def _measured(bench: Any, config: Any, base_config: Any, settings: Any, p99_ms: 
 
 def _with_speedups(metrics: dict[str, Any], baseline: dict[str, Any], p99_ms: float | None) -> dict[str, Any]:
     """Speedups and accuracy change over a baseline measured in the same rounds, and the P99 verdict."""
-    from pareto.front import p99_verdict
-
     metrics = dict(metrics)
     metrics["speedup_p50"] = baseline["latency_p50_ms"] / metrics["latency_p50_ms"]
     metrics["speedup_p99"] = baseline["latency_p99_ms"] / metrics["latency_p99_ms"]
@@ -118,17 +122,7 @@ def remeasure_trial(
 ) -> dict[str, Any]:
     """Time a stored trial (number, row id) and the baseline in interleaved rounds; store; compare."""
     from pareto.compress import Config, why_not_here
-    from pareto.metrics import FIELD_NAMES, Metrics
     from pareto.study.assess import remeasured, round_plan
-    from pareto.study.bench import (
-        baseline_trial,
-        finish_run,
-        open_bench,
-        start_run,
-        store_measurement,
-        stored_metrics,
-        time_together,
-    )
 
     settings = _method_of(stored[0], device)
     bench = open_bench(url, task, settings, with_profile=False)
@@ -175,8 +169,6 @@ def _remeasure_card(
     fingerprint: dict[str, Any],
     notes: list[str],
 ) -> dict[str, Any]:
-    from pareto.front import p99_verdict
-
     metrics = _with_speedups(now.to_dict(), base_now.to_dict(), p99_ms)
     if base_now is now:
         metrics["speedup_p50"] = metrics["speedup_p99"] = metrics["accuracy_delta"] = None
@@ -196,8 +188,6 @@ def _remeasure_card(
 
 def _method_of(stored: Candidate, device: str | None) -> Any:
     """A stored measurement's method as settings: its rounds, calls, warm-up, confidence, threads."""
-    from pareto.spec import Measure
-
     m = stored.metrics
     samples = int(m["samples"])
     return Measure(
@@ -212,8 +202,6 @@ def _method_of(stored: Candidate, device: str | None) -> Any:
 
 
 def _key_of(fingerprint: dict[str, Any]) -> str:
-    from pareto.machine import environment_key
-
     return environment_key(fingerprint)
 
 
@@ -224,7 +212,6 @@ def parse_technique_option(option: str) -> Any:
         UsageError: a malformed option, an unknown technique or parameter, or a value out of range.
     """
     from pareto.compress import get_technique
-    from pareto.errors import UsageError
 
     name, _, rest = option.partition(":")
     params: dict[str, Any] = {}

@@ -5,14 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pareto.front import Candidate, Constraints
+from pareto.front import Candidate
+from pareto.limits import Constraints
+from pareto.store.records import TrialState
 from pareto.study.confirmation import ConfirmResult
 
 
 @dataclass
 class TrialOutcome:
     number: int
-    state: str  # COMPLETE, FAILED, DUPLICATE (a repeat, not counted), PRUNED (rejected early), BUSY
+    state: TrialState  # COMPLETE, FAILED, DUPLICATE (a repeat, not counted), PRUNED (rejected early), BUSY
     description: str
     metrics: dict[str, Any] = field(default_factory=dict)
     error: str | None = None

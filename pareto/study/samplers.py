@@ -29,7 +29,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from pareto.compress import Config, Technique, get_technique, registry
 from pareto.compress.base import Pairs, conflict, runs_on
-from pareto.front import Constraints, constraint_names
+from pareto.limits import Constraints, constraint_names
 from pareto.naming import Backend, SamplerName
 from pareto.spec import Range, Search, StartPoint
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import logging
 import warnings
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any, Protocol
 
 import optuna
-from optuna.trial import TrialState
 
 from pareto.compress import BACKENDS, Backend, Config, backend_reason
 from pareto.compress.base import Pairs, install_conflicts
@@ -22,7 +22,6 @@ from pareto.errors import (
     MachineBusy,
     NoEffect,
     NoFeasibleConfiguration,
-    StoreError,
     TechniqueError,
     TimingLockStuck,
     Transient,
@@ -30,29 +29,27 @@ from pareto.errors import (
 )
 from pareto.front import (
     Candidate,
-    Constraints,
     best_or_none,
-    constraint_gaps,
     frontier,
     judged,
     objective_metrics,
     objective_value,
     select_best,
 )
-from pareto.limits import Limits
+from pareto.limits import Constraints, constraint_gaps
 from pareto.locks import gpu_work
 from pareto.signals import StopOnInterrupt
 from pareto.spec import SearchSpec
-from pareto.store import queries, trials
-from pareto.store.engine import check_path, session_scope
-from pareto.store.models import Environment, Study, Trial, utcnow
+from pareto.store import storage
+from pareto.store.engine import check_path
+from pareto.store.records import NewTrial, TrialState
+from pareto.store.writes import writing
 from pareto.study.assess import Rejected, assess, preflight
 from pareto.study.bench import (
     Bench,
     RunHandle,
     baseline_trial,
     finish_run,
-    measurement_row,
     open_bench,
     retime_baseline,
     start_run,
@@ -150,14 +147,14 @@ def run_search(spec: SearchSpec, *, db_url: str, reporter: Reporter | None = Non
     result = search_result(
         setup,
         trials_run=len(outcomes),
-        measured=sum(o.state == "COMPLETE" for o in outcomes),
-        busy=sum(o.state == "BUSY" for o in outcomes),
+        measured=sum(o.state == TrialState.COMPLETE for o in outcomes),
+        busy=sum(o.state == TrialState.BUSY for o in outcomes),
         interrupted=loop.interrupted,
         confirmation=confirmation,
     )
     result.stopped_busy = loop.stopped_busy
-    result.repeats = sum(o.state == "DUPLICATE" for o in outcomes)
-    result.rejected = sum(o.state == "PRUNED" for o in outcomes)
+    result.repeats = sum(o.state == TrialState.DUPLICATE for o in outcomes)
+    result.rejected = sum(o.state == TrialState.PRUNED for o in outcomes)
     result.exhausted = loop.exhausted
     return result
 
@@ -177,11 +174,11 @@ def prepare(spec: SearchSpec, db_url: str, reporter: Reporter) -> SearchSetup:
         techniques, skipped = available_techniques(spec, bench.device, bench.task, backends)
     for name, reason in skipped:
         reporter.notice(f"Skipping technique {name}: {reason}")
-    with session_scope(bench.engine) as session:
-        spec = adopt_stored_objectives(session, spec)
-        previous = stored_sampler(session, spec.study_name)
-        study_row = get_or_create_study(session, spec)
-        study_id, stored = study_row.id, len(study_row.trials)
+    with writing(bench.engine) as w:
+        spec = adopt_stored_objectives(w, spec)
+        previous = stored_sampler(w, spec.study_name)
+        study_row = get_or_create_study(w, spec)
+        study_id, stored = study_row.id, w.trial_count(study_row)
     batch_sizes = spec.space.batch_size or [task.batch_size]
     techniques = steer_space(
         bench,
@@ -214,16 +211,11 @@ def prepare(spec: SearchSpec, db_url: str, reporter: Reporter) -> SearchSetup:
         stored=stored,
         batch_sizes=batch_sizes,
         techniques=techniques,
-        constraints=constraints_of(spec),
+        constraints=spec.constraints(),
         baseline_theoretical_bytes=theoretical_bytes(task.model),
         backends=backends,
         conflicts=frozenset(frozenset((a, b)) for a, b, _ in conflicts),
     )
-
-
-def constraints_of(spec: SearchSpec) -> Constraints:
-    """The SLOs and budget of a spec as constraints: what a read of the stored study judges by."""
-    return Limits().constraints(spec.model_dump(mode="json"))
 
 
 def optuna_study(setup: SearchSetup, db_url: str) -> optuna.Study:
@@ -268,17 +260,24 @@ def preflight_baseline(setup: SearchSetup, study: optuna.Study) -> None:
             warnings.simplefilter("ignore", UserWarning)  # Optuna's note that heartbeats go with optimize()
             trial = study.ask()
         config = suggest(trial, setup.batch_sizes, setup.techniques, backends=setup.backends, conflicts=setup.conflicts)
-        with session_scope(setup.bench.engine) as session:
-            trials.add_trial(
-                session, trial_row(setup, trial.number, config, state="FAILED", error=str(exc), finished_at=utcnow())
-            )
-        study.tell(trial, state=TrialState.FAIL)
+        storage.add_trial(
+            setup.bench.engine,
+            trial_row(
+                setup,
+                trial.number,
+                config,
+                state=TrialState.FAILED,
+                error=str(exc),
+                finished_at=datetime.now(timezone.utc),
+            ),
+        )
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
         raise
 
 
-def trial_row(setup: SearchSetup, number: int, config: Config, **fields: Any) -> Trial:
+def trial_row(setup: SearchSetup, number: int, config: Config, **fields: Any) -> NewTrial:
     """A new row of pareto's trial table for Optuna's trial ``number`` of ``config``, measured on the bench."""
-    return Trial(
+    return NewTrial(
         study_id=setup.study_id,
         optuna_number=number,
         config=config.to_dict(),
@@ -319,8 +318,7 @@ def enqueue_baselines(setup: SearchSetup, study: optuna.Study) -> dict[int, int]
     """Queue a baseline trial for every batch size that has none in this environment (unless one is
     queued or running already); return the batch sizes that have one, with its trial id."""
     pending = {
-        t.user_attrs.get("pareto_baseline")
-        for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING))
+        t.user_attrs.get("pareto_baseline") for t in study.get_trials(deepcopy=False, states=(_WAITING, _RUNNING))
     }
     existing = {}
     for batch_size in setup.batch_sizes:
@@ -336,10 +334,7 @@ def enqueue_baselines(setup: SearchSetup, study: optuna.Study) -> dict[int, int]
 def enqueue_start(setup: SearchSetup, study: optuna.Study) -> int:
     """Queue the spec's start points (``search.start_with``), after the baselines: each one not tried in
     this environment and not queued already. Returns how many were queued."""
-    pending = {
-        t.user_attrs.get("pareto_start")
-        for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING))
-    }
+    pending = {t.user_attrs.get("pareto_start") for t in study.get_trials(deepcopy=False, states=(_WAITING, _RUNNING))}
     queued = 0
     for point in setup.spec.search.start_with:
         start = start_trial(point, setup.batch_sizes, setup.techniques, setup.backends, setup.conflicts)
@@ -347,8 +342,7 @@ def enqueue_start(setup: SearchSetup, study: optuna.Study) -> int:
             continue  # a technique or backend this search left out (the reason was said then)
         config, params = start
         key = config.key()
-        with session_scope(setup.bench.engine) as session:
-            tried = trials.configuration_tried(session, setup.study_id, setup.bench.env_id, key)
+        tried = storage.configuration_tried(setup.bench.engine, setup.study_id, setup.bench.env_id, key)
         if not tried and key not in pending:
             study.enqueue_trial(params, user_attrs={"pareto_start": key})
             pending.add(key)
@@ -360,8 +354,7 @@ def _baseline_here(setup: SearchSetup, batch_size: int) -> int | None:
     trial_id = baseline_trial(setup.bench, setup.study_id, batch_size)
     if trial_id is None:
         return None
-    with session_scope(setup.bench.engine) as session:
-        return trial_id if trials.measured_in(session, trial_id, setup.bench.env_id) else None
+    return trial_id if storage.measured_in(setup.bench.engine, trial_id, setup.bench.env_id) else None
 
 
 @dataclass
@@ -412,10 +405,7 @@ class _AfterTrial:
     def __init__(self, setup: SearchSetup, run: RunHandle, objective: _Objective, reporter: Reporter) -> None:
         self.setup, self.run, self.objective, self.reporter = setup, run, objective, reporter
         self.loop = _Loop([])
-        with session_scope(setup.bench.engine) as session:
-            row = session.get(Study, setup.study_id)
-            assert row is not None
-            self.seen = queries.candidates(session, row, session.get(Environment, setup.bench.env_id))
+        self.seen = storage.study_candidates(setup.bench.engine, setup.study_id, setup.bench.env_id)
         self.budget = setup.spec.search.n_trials
         self.size = _space_size(setup)
         self.repeats = self.new = 0
@@ -426,20 +416,20 @@ class _AfterTrial:
             return
         self.loop.outcomes.append(outcome)
         name = self.setup.spec.study_name
-        if outcome.state == "COMPLETE":
+        if outcome.state == TrialState.COMPLETE:
             self.seen.append(Candidate(name, outcome.number, {}, outcome.description, dict(outcome.metrics), {}))
         self.reporter.trial_done(outcome, best_or_none(self.seen, self.setup.constraints, study=name))
-        if outcome.state == "FAILED" and outcome.baseline:
+        if outcome.state == TrialState.FAILED and outcome.baseline:
             self.loop.baseline_failed = (
                 f"Trial {outcome.number}, the uncompressed model ({outcome.description}), failed: "
                 f"{(outcome.error or 'no reason').rstrip('.')}; the search stops, every trial stored."
             )
             study.stop()
-        elif outcome.state == "BUSY" and self.objective.lock_stuck:  # a quieter machine would not help
+        elif outcome.state == TrialState.BUSY and self.objective.lock_stuck:  # a quieter machine would not help
             self.reporter.notice("The search stops here, every trial stored; run it again once that process is gone.")
             self.loop.stopped_busy = True
             study.stop()
-        elif outcome.state == "BUSY" and not wait_for_quiet(self.run, self.reporter.notice, BUSY_WAIT_S):
+        elif outcome.state == TrialState.BUSY and not wait_for_quiet(self.run, self.reporter.notice, BUSY_WAIT_S):
             self.loop.stopped_busy = True
             study.stop()
         elif self._done(outcome):
@@ -447,9 +437,9 @@ class _AfterTrial:
 
     def _done(self, outcome: TrialOutcome) -> bool:
         """Count the trial; True when the budget is spent or nothing new is left to propose."""
-        if outcome.state == "DUPLICATE":
+        if outcome.state == TrialState.DUPLICATE:
             self.repeats += 1
-        elif outcome.state != "BUSY":  # a busy trial measured nothing: proposed again, it is measured then
+        elif outcome.state != TrialState.BUSY:  # a busy trial measured nothing: proposed again, it is measured then
             self.repeats, self.new = 0, self.new + 1
         if self.new >= self.budget:
             return True
@@ -486,8 +476,7 @@ def _space_size(setup: SearchSetup) -> int | None:
 
 def _tried_here(setup: SearchSetup) -> int:
     """Distinct configurations of the study measured, rejected early or failed in this environment."""
-    with session_scope(setup.bench.engine) as session:
-        return trials.configurations_tried(session, setup.study_id, setup.bench.env_id)
+    return storage.configurations_tried(setup.bench.engine, setup.study_id, setup.bench.env_id)
 
 
 def confirm_search(setup: SearchSetup, run: RunHandle, reporter: Reporter) -> ConfirmResult | None:
@@ -522,10 +511,7 @@ def search_result(
     confirmation: ConfirmResult | None,
 ) -> SearchResult:
     """The study's frontier and pick in this environment, after a run of ``trials_run`` trials."""
-    with session_scope(setup.bench.engine) as session:
-        row = session.get(Study, setup.study_id)
-        assert row is not None
-        everything = queries.candidates(session, row, session.get(Environment, setup.bench.env_id))
+    everything = storage.study_candidates(setup.bench.engine, setup.study_id, setup.bench.env_id)
     best, reason = None, None
     try:
         best = select_best(everything, setup.constraints, study=setup.spec.study_name)
@@ -581,7 +567,7 @@ class _Objective:
                 config, row_id, twin = self._retarget(trial, row_id, config, exc)
                 continue
             except Rejected as exc:
-                slo = self.setup.spec.slo.p99_ms
+                slo = self.setup.constraints.p99_ms
                 assert slo is not None
                 self._reject(row_id, trial, config, exc, slo)
                 raise optuna.TrialPruned(str(exc)) from None
@@ -590,13 +576,13 @@ class _Objective:
             except BaseException as exc:
                 self._end(row_id, trial, config, exc)
                 raise
-            outcome = TrialOutcome(trial.number, "COMPLETE", config.describe(), result.metrics.to_dict())
+            outcome = TrialOutcome(trial.number, TrialState.COMPLETE, config.describe(), result.metrics.to_dict())
             return self._finish(trial, outcome)
         return self._repeat(trial, config, twin)
 
     def _assess(self, config: Config) -> Any:
         """Measure ``config`` (rejected early unless the baseline); raises TechniqueError, Rejected, MachineBusy."""
-        slo = self.setup.spec.slo.p99_ms
+        slo = self.setup.constraints.p99_ms
         result = assess(
             self.bench.task,
             config,
@@ -626,12 +612,14 @@ class _Objective:
         description = config.describe()
         if twin.failed is not None:
             note = f"repeat of trial {twin.number}, which failed here: {twin.failed.rstrip('.')}; not built again"
-            return self._infeasible(trial, TrialOutcome(trial.number, "DUPLICATE", description, {}, note, twin.number))
-        outcome = TrialOutcome(trial.number, "DUPLICATE", description, twin.metrics, repeat_of=twin.number)
+            return self._infeasible(
+                trial, TrialOutcome(trial.number, TrialState.DUPLICATE, description, {}, note, twin.number)
+            )
+        outcome = TrialOutcome(trial.number, TrialState.DUPLICATE, description, twin.metrics, repeat_of=twin.number)
         if twin.metrics:
             return self._finish(trial, outcome)
         self.last = outcome
-        slo = self.setup.spec.slo.p99_ms
+        slo = self.setup.constraints.p99_ms
         if twin.p99_lower_ms is not None and slo is not None:
             # the constraint the first time proved, again: pruned without it, TPE counts the trial
             # as feasible and may propose the same configuration over and over
@@ -641,7 +629,7 @@ class _Objective:
     def _start(self, trial: optuna.Trial, config: Config, replacing: int | None = None) -> tuple[int, Twin | None]:
         """Claim ``config`` here for this trial (its row RUNNING), or answer it from its twin: measured,
         broken or rejected early here, or measured by another worker meanwhile (``pareto.study.claims``)."""
-        claims = Claims(self.bench.engine, self.setup.study_id, self.bench.env_id, self.setup.spec.slo.p99_ms)
+        claims = Claims(self.bench.engine, self.setup.study_id, self.bench.env_id, self.setup.constraints.p99_ms)
         try:
             return claims.claim(
                 lambda **fields: trial_row(self.setup, trial.number, config, **fields),
@@ -650,17 +638,15 @@ class _Objective:
                 waiting=lambda: fail_stale_trials(trial.study),  # a twin whose worker died: failed and retried
             )
         except MachineBusy as exc:
-            self.last = TrialOutcome(trial.number, "BUSY", config.describe(), error=str(exc))
+            self.last = TrialOutcome(trial.number, TrialState.BUSY, config.describe(), error=str(exc))
             raise
 
     def _as_known(self, config: Config) -> Config:
         """``config``, or the configuration it turned out to be here (a technique in it changed nothing)."""
-        with session_scope(self.bench.engine) as session:
-            while (
-                smaller := trials.same_as(session, self.setup.study_id, self.bench.env_id, config.key())
-            ) is not None:
-                config = Config.from_dict(smaller)
-        return config
+        smaller = storage.same_as_chain(
+            self.bench.engine, self.setup.study_id, self.bench.env_id, config.key(), lambda c: Config.from_dict(c).key()
+        )
+        return config if smaller is None else Config.from_dict(smaller)
 
     def _retarget(
         self, trial: optuna.Trial, row_id: int, config: Config, exc: NoEffect
@@ -668,9 +654,8 @@ class _Objective:
         """The trial becomes ``config`` without the technique that changed nothing (known to be: a later
         proposal is not built again): claimed again as that, or answered by its twin."""
         smaller = config.without(exc.technique)
-        with session_scope(self.bench.engine) as session:
-            where = (self.setup.study_id, self.bench.env_id)
-            trials.save_same_as(session, *where, config.key(), exc.technique, str(exc), smaller.to_dict())
+        where = (self.setup.study_id, self.bench.env_id)
+        storage.save_same_as(self.bench.engine, *where, config.key(), exc.technique, str(exc), smaller.to_dict())
         row_id, twin = self._start(trial, smaller, replacing=row_id)
         then = f"a repeat of trial {twin.number}" if twin is not None else f"measured as {smaller.describe()}"
         self.reporter.notice(f"Trial {trial.number}: {str(exc).rstrip('.')}; {then}.")
@@ -700,48 +685,40 @@ class _Objective:
     def _end(self, row_id: int, trial: optuna.Trial, config: Config, exc: BaseException) -> None:
         """A trial that did not complete: FAILED with its reason (known when the configuration itself broke:
         a ``TechniqueError``), or BUSY (no verdict, never shown to the sampler)."""
-        state = "BUSY" if isinstance(exc, MachineBusy) else "FAILED"
+        state = TrialState.BUSY if isinstance(exc, MachineBusy) else TrialState.FAILED
         self.lock_stuck = isinstance(exc, TimingLockStuck)
         reason = str(exc) if isinstance(exc, (TechniqueError, MachineBusy)) else _interrupted(exc)
         known = isinstance(exc, TechniqueError) and not isinstance(exc, Transient) and not config.is_baseline
-        with session_scope(self.bench.engine) as session:
-            trials.finish_trial(session, row_id, state, reason, config_failed=known)
+        storage.finish_trial(self.bench.engine, row_id, state, reason, config_failed=known)
         self.last = TrialOutcome(trial.number, state, config.describe(), error=reason, baseline=config.is_baseline)
 
     def _reject(self, row_id: int, trial: optuna.Trial, config: Config, exc: Rejected, slo_ms: float) -> None:
         """Rejected early: PRUNED in both tables, with the first round's latency; the sampler sees the
         P99 constraint that round proves (its lower bound over the SLO), never an accuracy."""
         early = exc.early_latency(slo_ms)
-        with session_scope(self.bench.engine) as session:
-            row = trials.finish_trial(session, row_id, "PRUNED", str(exc))
-            if row is not None:  # else failed meanwhile by a worker that took this one for dead: that stands
-                row.compress_s, row.compile_s, row.latency_s = exc.compress_s, exc.compile_s, exc.latency.elapsed_s
-                row.early_latency = early
+        timings = {"compress_s": exc.compress_s, "compile_s": exc.compile_s, "latency_s": exc.latency.elapsed_s}
+        storage.reject_trial(self.bench.engine, row_id, str(exc), timings=timings, early=early)
         trial.set_user_attr("early_latency", early)
         lower = early["latency_p99_lower_ms"]
         if lower is not None:
             trial.set_constraint("p99_ms", (lower - slo_ms) / slo_ms)
-        self.last = TrialOutcome(trial.number, "PRUNED", config.describe(), {}, error=str(exc))
+        self.last = TrialOutcome(trial.number, TrialState.PRUNED, config.describe(), {}, error=str(exc))
 
     def _store(self, row_id: int, result: Any) -> None:
         """COMPLETE and its measurement, in one transaction (a twin never sees the one without the other)."""
-        with session_scope(self.bench.engine) as session:
-            row = session.get(Trial, row_id)
-            assert row is not None
-            row.compress_s, row.compile_s = result.compress_s, result.compile_s
-            row.latency_s, row.accuracy_s = result.latency_s, result.accuracy_s
-            measurement = measurement_row(self.bench, self.run, row_id, result.metrics, kind="search")
-            if not trials.complete_trial(session, row_id, measurement):
-                session.rollback()
-                raise StoreError(
-                    f"Trial {row.optuna_number} was failed by another worker that took this one for dead (no "
-                    "heartbeat) and retried; this measurement is not stored."
-                )
-            study = session.get(Study, self.setup.study_id)
-            assert study is not None
-            study.updated_at = utcnow()
-            if result.suspect_profile and self.bench.profile is not None and self.bench.profile.calibration_id:
-                queries.mark_calibration_suspect(session, self.bench.profile.calibration_id, result.suspect_profile)
+        profile = self.bench.profile
+        suspect = None
+        if result.suspect_profile and profile is not None and profile.calibration_id:
+            suspect = (profile.calibration_id, result.suspect_profile)
+        timings = {name: getattr(result, name) for name in ("compress_s", "compile_s", "latency_s", "accuracy_s")}
+        storage.complete_trial(
+            self.bench.engine,
+            row_id,
+            study_id=self.setup.study_id,
+            timings=timings,
+            measurement=(self.bench.env_id, self.run.run_id, result.metrics),
+            suspect=suspect,
+        )
 
     def _finish(self, trial: optuna.Trial, outcome: TrialOutcome) -> tuple[float, ...]:
         for name, gap in constraint_gaps(outcome.metrics, self.setup.constraints).items():
@@ -764,5 +741,7 @@ def _interrupted(exc: BaseException) -> str:
         return "interrupted by the user"
     return f"{type(exc).__name__}: {exc}"
 
+
+_WAITING, _RUNNING = optuna.trial.TrialState.WAITING, optuna.trial.TrialState.RUNNING
 
 logging.getLogger("alembic").setLevel(logging.WARNING)

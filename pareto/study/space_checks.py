@@ -8,7 +8,7 @@ the study, or another worker, reads them instead of taking them again:
   technique that breaks the model on its own (a model whose own code reads what the technique replaces
   or casts), or changes nothing on it, leaves the space with one line saying why: the search never
   spends a trial on it.
-- **pays** (the CPU's levers: casts and int8, ``pareto.compress.cpu.LEVERS``): the technique on one layer
+- **pays** (the CPU's levers: casts and int8, ``pareto.compress.availability.levers``): the technique on one layer
   of the task's widths (the ``nn.Linear`` or ``nn.Conv2d`` that carries most of the model's FLOPs, fed
   the input it sees in the model) timed in interleaved rounds beside the same layer in float32 on the
   same backend, in a process of its own. A lever under ``PAYS_BELOW`` float32's speed on every backend
@@ -28,17 +28,18 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pareto.compress import BACKENDS, Backend, Config, apply, get_technique, registry
-from pareto.compress.cpu import LEVERS, cpu_facts
-from pareto.compress.pipeline import technique_reason
+from pareto.compress.availability import cpu_facts, levers, technique_reason
 from pareto.errors import MachineBusy, NoEffect, TechniqueError, TimingLockStuck, exception_line
-from pareto.spec import Range, SearchSpec, Space, start_point_problem
+from pareto.spec import DEFAULT_CUDA_SPACE, Range, SearchSpec, Space, start_point_problem
+from pareto.store import storage
+from pareto.store.records import CheckRecord
+from pareto.task import Task, load_task
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
     from pareto.study.bench import Bench
-    from pareto.task import Task
 
 Techniques = dict[str, dict[str, Any]]
 #: The lever probe's timing: calls per model (fewer for a slow layer, ``PROBE_SECONDS`` at most each),
@@ -118,8 +119,6 @@ class ProbeLayer:
         """The layer as a task the techniques can build on (its input is its calibration data too)."""
         import torch
         from torch import nn
-
-        from pareto.task import Task
 
         x = self.inputs
 
@@ -403,18 +402,14 @@ def _runs(
     technique whose build or compiled code crashes natively (as Inductor's cached code did, see
     ``isolated_lever_speeds``) then fails its check with that reason instead of ending the search, and
     the search's trials start from the process state they had before the checks existed."""
-    from pareto.store import trials
-    from pareto.store.engine import session_scope
-
     if runs_alone(bench.task, Config(batch_size=batch_size), device=bench.device, threads=bench.threads)[0] != "runs":
         return {}
     model = model_signature(bench.task.model)
     plans = {name: _run_configs(name, space, backends, batch_size) for name, space in techniques.items()}
     keys = {name: check_key("runs", {"configurations": [c.to_dict() for c in configs], "model": model})
             for name, configs in plans.items()}  # fmt: skip
-    with session_scope(bench.engine) as session:
-        stored = trials.technique_checks(session, study_id, bench.env_id, "runs")
-        out = {name: _checked(stored[key]) for name, key in keys.items() if key in stored}
+    stored = storage.technique_checks(bench.engine, study_id, bench.env_id, "runs")
+    out = {name: _checked(stored[key]) for name, key in keys.items() if key in stored}
     todo = {name: configs for name, configs in plans.items() if name not in out}
     if not todo:
         return out
@@ -485,7 +480,6 @@ def _runs_child(
     from pathlib import Path
 
     from pareto.devices import on_device
-    from pareto.task import load_task
 
     task = on_device(load_task(task_ref), device)
     found = {
@@ -508,7 +502,7 @@ def _pays(
     levers = {
         name: first_params(space)
         for name, space in techniques.items()
-        if name in LEVERS and set(backends) & set(registry()[name].backends)
+        if name in levers() and set(backends) & set(registry()[name].backends)
     }
     if not levers:
         return {}
@@ -522,12 +516,8 @@ def _pays(
         )
         for name, p in levers.items()
     }
-    from pareto.store import trials
-    from pareto.store.engine import session_scope
-
-    with session_scope(bench.engine) as session:
-        stored = trials.technique_checks(session, study_id, bench.env_id, "pays")
-        known = {name: _checked(stored[key]) for name, key in keys.items() if key in stored}
+    stored = storage.technique_checks(bench.engine, study_id, bench.env_id, "pays")
+    known = {name: _checked(stored[key]) for name, key in keys.items() if key in stored}
     todo = {name: p for name, p in levers.items() if name not in known}
     if todo:
         speeds = isolated_lever_speeds(layer, todo, backends, threads=bench.threads)
@@ -539,30 +529,16 @@ def _pays(
     return known
 
 
-def _checked(row: Any) -> Checked:
-    return Checked(row.technique, row.ok, row.reason, row.details)
+def _checked(record: CheckRecord) -> Checked:
+    return Checked(record.technique, record.ok, record.reason, record.details)
 
 
 def _save(bench: Bench, study_id: int, kind: str, key: str, checked: Checked) -> Checked:
-    """Store a check; the stored one (another process's, when it stored the same check first)."""
-    from pareto.store import trials
-    from pareto.store.engine import session_scope
-    from pareto.store.models import TechniqueCheck
-
-    row = TechniqueCheck(
-        study_id=study_id,
-        environment_id=bench.env_id,
-        kind=kind,
-        technique=checked.technique,
-        config_key=key,
-        ok=checked.ok,
-        reason=checked.reason,
-        details=checked.details or {},
-    )
-    with session_scope(bench.engine) as session:
-        trials.save_technique_check(session, row)
-    with session_scope(bench.engine) as session:
-        return _checked(trials.technique_checks(session, study_id, bench.env_id, kind)[key])
+    """Store a check; the stored one (another process's, when it stored the same check first): two
+    transactions, the second reading what the first, or another process's, stored."""
+    record = CheckRecord(checked.technique, checked.ok, checked.reason, checked.details or {})
+    storage.save_technique_check(bench.engine, study_id, bench.env_id, kind, key, record)
+    return _checked(storage.technique_checks(bench.engine, study_id, bench.env_id, kind)[key])
 
 
 def space_for_device(spec: SearchSpec, device: str, notice: Callable[[str], None]) -> SearchSpec:
@@ -571,7 +547,6 @@ def space_for_device(spec: SearchSpec, device: str, notice: Callable[[str], None
     unsaid = "space" not in spec.model_fields_set or "techniques" not in spec.space.model_fields_set
     if not (device.startswith("cuda") and unsaid):
         return spec
-    from pareto.spec import DEFAULT_CUDA_SPACE
 
     techniques = copy.deepcopy(DEFAULT_CUDA_SPACE["techniques"])
     notice(f"On {device} the default space searches the GPU's levers: {', '.join(techniques)}.")

@@ -12,23 +12,14 @@ from typing import Any
 
 import optuna
 from sqlalchemy.engine import Engine
-from sqlalchemy.orm import Session
 
-from pareto.errors import StoreError, UsageError, message_line
+from pareto.errors import UsageError
 from pareto.front import DEFAULT_OBJECTIVE_NAMES, objective_metrics
 from pareto.spec import SearchSpec
-from pareto.store import queries, trials
-from pareto.store.engine import (
-    check_path,
-    display_url,
-    engine_kwargs,
-    existing_engine,
-    immediate_transactions,
-    open_engine,
-    session_scope,
-    upgrade,
-)
-from pareto.store.models import Study, utcnow
+from pareto.store import storage
+from pareto.store.engine import check_path, engine_kwargs, existing_engine, immediate_transactions, open_engine, upgrade
+from pareto.store.records import StudyRecord
+from pareto.store.writes import STUDY_NAME_LENGTH, Writer, writing
 
 HEARTBEAT_INTERVAL_S = 60
 
@@ -68,11 +59,8 @@ class _StaleTrial:
         self.engine, self.study_id, self.grace_s = engine, study_id, grace_s
 
     def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        with session_scope(self.engine) as session:
-            row = trials.trial_by_number(session, self.study_id, trial.number)
-            if row is not None:  # only a RUNNING row: its worker may have stored a verdict since
-                why = f"its worker stopped (no heartbeat for {self.grace_s} s); retried as a new trial"
-                trials.finish_trial(session, row.id, "FAILED", why)
+        why = f"its worker stopped (no heartbeat for {self.grace_s} s); retried as a new trial"
+        storage.fail_stale_trial(self.engine, self.study_id, trial.number, why)  # only a RUNNING row
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             optuna.storages.RetryFailedTrialCallback(max_retry=1)(study, trial)
@@ -95,9 +83,9 @@ def create_study(spec: SearchSpec, *, db_url: str) -> str:
     check_path(db_url)
     engine = open_engine(db_url)
     upgrade(engine)
-    with session_scope(engine) as session:
-        spec = adopt_stored_objectives(session, spec)
-        study_id = get_or_create_study(session, spec).id
+    with writing(engine) as w:
+        spec = adopt_stored_objectives(w, spec)
+        study_id = get_or_create_study(w, spec).id
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     optuna.create_study(
         study_name=spec.study_name,
@@ -108,24 +96,24 @@ def create_study(spec: SearchSpec, *, db_url: str) -> str:
     return spec.study_name
 
 
-def adopt_stored_objectives(session: Session, spec: SearchSpec) -> SearchSpec:
+def adopt_stored_objectives(w: Writer, spec: SearchSpec) -> SearchSpec:
     """Continuing a study without naming objectives keeps the study's own."""
     if "objectives" in spec.model_fields_set:
         return spec
-    row = trials.study_named(session, spec.study_name)
+    row = w.study_named(spec.study_name)
     if row is None or "objectives" not in row.spec:
         return spec
     return spec.model_copy(update={"objectives": row.spec["objectives"]})
 
 
-def stored_sampler(session: Session, study_name: str) -> str | None:
+def stored_sampler(w: Writer, study_name: str) -> str | None:
     """The sampler the study's last run used (stored with its spec), or None for a new study."""
-    row = trials.study_named(session, study_name)
+    row = w.study_named(study_name)
     return None if row is None else str((row.spec.get("search") or {}).get("sampler", "tpe"))
 
 
 #: The longest study name the database holds (``pareto_studies.name``).
-MAX_STUDY_NAME: int = Study.__table__.c.name.type.length  # type: ignore[attr-defined]
+MAX_STUDY_NAME: int = STUDY_NAME_LENGTH
 
 
 def check_study_name(spec: SearchSpec) -> None:
@@ -137,17 +125,18 @@ def check_study_name(spec: SearchSpec) -> None:
         raise UsageError(f"A study name has at most {MAX_STUDY_NAME} characters; this one has {len(spec.study_name)}.")
 
 
-def get_or_create_study(session: Session, spec: SearchSpec) -> Study:
-    """The study's row, created when new (another worker creating it at the same moment is fine).
+def get_or_create_study(w: Writer, spec: SearchSpec) -> StudyRecord:
+    """The study, created when new (another worker creating it at the same moment is fine), its spec the
+    latest run's.
 
     Raises:
         UsageError: the study exists for another task or other objectives; a name the database cannot hold.
     """
     check_study_name(spec)
-    row = trials.study_named(session, spec.study_name)
+    row = w.study_named(spec.study_name)
     spec_json = spec.model_dump(mode="json")
     if row is None:
-        row, created = trials.create_study_row(session, name=spec.study_name, task=spec.task, spec=spec_json)
+        row, created = w.create_study(name=spec.study_name, task=spec.task, spec=spec_json)
         if created:
             return row
     if row.task != spec.task:
@@ -160,9 +149,7 @@ def get_or_create_study(session: Session, spec: SearchSpec) -> Study:
             f"Study {spec.study_name!r} optimizes {stored}, not {','.join(spec.objectives)}; continue it with "
             f"--objective {stored}, or pick another --study name."
         )
-    row.spec = spec_json  # the latest SLO and space; every trial keeps its own config
-    row.updated_at = utcnow()
-    return row
+    return w.update_study(row, spec_json)  # the latest SLO and space; every trial keeps its own config
 
 
 def delete_study(name: str, *, db_url: str) -> dict[str, Any]:
@@ -174,31 +161,6 @@ def delete_study(name: str, *, db_url: str) -> dict[str, Any]:
     """
     engine = existing_engine(db_url)
     try:
-        with session_scope(engine) as session:
-            removed = queries.delete_study(session, name)
-            removed["optuna"] = _delete_optuna_study(session, name)
+        return storage.delete_study(engine, name)
     finally:
         engine.dispose()
-    return removed
-
-
-def _delete_optuna_study(session: Session, name: str) -> str:
-    """Optuna's study ``name`` deleted in ``session`` as Optuna's storage deletes it (its trials, values,
-    parameters and attributes go with it, by its models' cascades); whether it was there."""
-    from optuna.storages._rdb import models
-    from sqlalchemy import inspect
-    from sqlalchemy.exc import SQLAlchemyError
-
-    if not inspect(session.connection()).has_table(models.StudyModel.__tablename__):
-        return "was not there"
-    try:
-        study = models.StudyModel.find_or_raise_by_name(name, session)
-    except KeyError:
-        return "was not there"
-    except SQLAlchemyError as exc:  # tables of another Optuna version
-        raise StoreError(
-            f"Cannot delete Optuna's study {name!r} in {display_url(session.connection().engine.url)}: "
-            f"{message_line(getattr(exc, 'orig', None) or exc)}; nothing was deleted."
-        ) from exc
-    session.delete(study)
-    return "deleted"
