@@ -499,12 +499,13 @@ def model_signature(model: nn.Module) -> str:
 def _pays(
     bench: Bench, study_id: int, techniques: Techniques, backends: Sequence[Backend], batch_size: int
 ) -> dict[str, Checked]:
-    levers = {
+    cpu_levers = levers()
+    levers_here = {
         name: first_params(space)
         for name, space in techniques.items()
-        if name in levers() and set(backends) & set(registry()[name].backends)
+        if name in cpu_levers and set(backends) & set(registry()[name].backends)
     }
-    if not levers:
+    if not levers_here:
         return {}
     layer = probe_layer(bench.task, batch_size)
     if layer is None:
@@ -514,11 +515,11 @@ def _pays(
         name: check_key(
             "pays", {"lever": name, "params": p, "backends": list(backends), "layer": layer.shape, "model": model}
         )
-        for name, p in levers.items()
+        for name, p in levers_here.items()
     }
     stored = storage.technique_checks(bench.engine, study_id, bench.env_id, "pays")
     known = {name: _checked(stored[key]) for name, key in keys.items() if key in stored}
-    todo = {name: p for name, p in levers.items() if name not in known}
+    todo = {name: p for name, p in levers_here.items() if name not in known}
     if todo:
         speeds = isolated_lever_speeds(layer, todo, backends, threads=bench.threads)
         for name, measured in speeds.items():
