@@ -198,7 +198,7 @@ def build_row(bench: Bench, label: str, options: list[str], batch: int) -> tuple
     """The row and its model built and called once; ``skipped`` (not available on the device) or
     ``failed`` (its one-sentence reason) and no model when it cannot be timed."""
     from pareto.compress import Config
-    from pareto.compress.pipeline import why_not_here
+    from pareto.compress import why_not_here
     from pareto.errors import exception_line
     from pareto.study.assess import device_memory
     from pareto.study.bench import build

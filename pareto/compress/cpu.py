@@ -25,7 +25,7 @@ from typing import ClassVar
 class CpuRule:
     """What a CPU's instructions do for a technique: a technique's ``cpu_native``."""
 
-    #: The instructions decide whether it pays: one of the CPU's levers (``LEVERS``).
+    #: The instructions decide whether it pays: one of the CPU's levers (``pareto.compress.availability.levers``).
     lever: ClassVar[bool] = False
 
     def judge(self, have: Set[str], capability: str | None) -> str:
