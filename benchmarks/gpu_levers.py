@@ -197,8 +197,7 @@ def technique_levers(bench: Bench) -> list[tuple[str, list[str]]]:
 def build_row(bench: Bench, label: str, options: list[str], batch: int) -> tuple[dict[str, Any], Built | None]:
     """The row and its model built and called once; ``skipped`` (not available on the device) or
     ``failed`` (its one-sentence reason) and no model when it cannot be timed."""
-    from pareto.compress import Config
-    from pareto.compress import why_not_here
+    from pareto.compress import Config, why_not_here
     from pareto.errors import exception_line
     from pareto.study.assess import device_memory
     from pareto.study.bench import build
