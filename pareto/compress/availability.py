@@ -93,7 +93,7 @@ def describe_techniques(device: str, task: Task | None = None) -> list[dict[str,
     listing = []
     for cls in techniques:
         technique = cls(**cls.example)
-        reason = technique.available(device, view) or kernel_reason(technique, device)
+        reason = technique_reason(technique, device, view)
         listing.append(
             {
                 "name": cls.name,

@@ -292,7 +292,7 @@ _LIGHT_COLUMNS: dict[str, Any] = {
 
 def _column(metric: str) -> Any:
     """The stored column of a metric (``Metrics``' field), memory with its fallback."""
-    return _LIGHT_COLUMNS.get(metric) if metric in _LIGHT_COLUMNS else getattr(Measurement, metric)
+    return _LIGHT_COLUMNS[metric] if metric in _LIGHT_COLUMNS else getattr(Measurement, metric)
 
 
 def light_columns(
