@@ -1,0 +1,488 @@
+"""Latency under traffic: a seeded simulation of a dynamic batcher fed by Poisson arrivals, the capacity
+within a P99 SLO, and the M/D/1 yardsticks the simulation is checked against.
+
+The batcher policy (the same in ``pareto.measure.load``): one server runs one batch at a time; when it
+is free and at least ``max_batch`` requests are queued, a batch of ``max_batch`` starts at once;
+otherwise everything queued (at most ``max_batch``) starts at the earliest of the oldest request's
+arrival + ``max_wait`` and the moment the queue reaches ``max_batch``, but not before the server is
+free. A batch of n runs at its bucket (the smallest of ``buckets(max_batch)`` >= n, inputs padded, as
+static-shape servers do), taking a measured call time at that bucket, resampled (bootstrap). A
+request's latency is its batch's completion minus its arrival.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from decimal import Decimal, localcontext
+from typing import Any
+
+import numpy as np
+
+from pareto.errors import UsageError
+from pareto.measure.stats import order_statistic_bounds
+
+__all__ = [
+    "Batcher",
+    "RatePoint",
+    "RequestSummary",
+    "Requests",
+    "ServiceTimes",
+    "batchers_for",
+    "best_at_rate",
+    "buckets",
+    "capacity",
+    "md1_mean_wait_s",
+    "md1_wait_quantile_s",
+    "poisson_arrivals",
+    "simulate",
+    "summarize_requests",
+    "traffic_curve",
+]
+
+#: Mixed into the seed of the service draws, so that they are independent of ``poisson_arrivals``
+#: called with the same seed (the two would otherwise read the same PCG64 stream).
+_SERVICE_STREAM = 0x5E2F1CE
+#: The low end of the capacity bisection, as a fraction of the saturation rate.
+_LOW_FRACTION = 0.01
+#: The share of a run's first requests left out of its summary (the queue starting empty).
+_WARMUP_SHARE = 20
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool)
+
+
+def _check_int(name: str, value: object, low: int) -> int:
+    if not _is_int(value) or int(value) < low:  # type: ignore[call-overload]
+        raise UsageError(f"{name} must be an integer >= {low}, got {value!r}.")
+    return int(value)  # type: ignore[call-overload]
+
+
+def _check_positive(name: str, value: object, *, zero: bool = False) -> float:
+    if not isinstance(value, int | float | np.integer | np.floating) or isinstance(value, bool):
+        raise UsageError(f"{name} must be a number, got {value!r}.")
+    number = float(value)
+    if not math.isfinite(number) or number < 0.0 or (number == 0.0 and not zero):
+        raise UsageError(f"{name} must be a finite number {'>=' if zero else '>'} 0, got {value!r}.")
+    return number
+
+
+def _check_confidence(confidence: float) -> float:
+    if not isinstance(confidence, int | float) or not 0.0 < confidence < 1.0:
+        raise UsageError(f"confidence must be strictly between 0 and 1, got {confidence!r}.")
+    return float(confidence)
+
+
+def buckets(max_batch: int) -> list[int]:
+    """The batch sizes a server with this max batch is compiled for: powers of two below it, then it."""
+    top = _check_int("max_batch", max_batch, 1)
+    sizes = []
+    size = 1
+    while size < top:
+        sizes.append(size)
+        size *= 2
+    return [*sizes, top]
+
+
+@dataclass(frozen=True)
+class Batcher:
+    """A dynamic batcher's two settings: the largest batch and how long the oldest request may wait."""
+
+    max_batch: int
+    max_wait_ms: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "max_batch", _check_int("max_batch", self.max_batch, 1))
+        object.__setattr__(self, "max_wait_ms", _check_positive("max_wait_ms", self.max_wait_ms, zero=True))
+
+    def bucket(self, n: int) -> int:
+        """The smallest bucket that holds a batch of ``n`` requests (``n`` in 1..max_batch)."""
+        if not _is_int(n) or not 1 <= n <= self.max_batch:
+            raise UsageError(f"a batch of {n!r} requests is outside 1..{self.max_batch} for {self.describe()}.")
+        return next(b for b in buckets(self.max_batch) if b >= n)
+
+    def describe(self) -> str:
+        """The settings in words: "max batch 8, max wait 0.5 ms"."""
+        return f"max batch {self.max_batch}, max wait {self.max_wait_ms:g} ms"
+
+
+def poisson_arrivals(rate_per_s: float, count: int, seed: int) -> np.ndarray:
+    """``count`` arrival times in seconds from 0 at ``rate_per_s``: the cumulative sum of exponential gaps
+    drawn by ``numpy.random.Generator(PCG64(seed))``. The same seed gives the same gaps scaled by 1/rate."""
+    rate = _check_positive("rate_per_s", rate_per_s)
+    n = _check_int("count", count, 1)
+    rng = np.random.Generator(np.random.PCG64(_check_int("seed", seed, 0)))
+    return np.cumsum(rng.exponential(1.0 / rate, n))
+
+
+class ServiceTimes:
+    """Measured call times per bucket, in seconds; resampled (bootstrap) by the simulation."""
+
+    def __init__(self, by_batch: Mapping[int, Sequence[float] | np.ndarray]) -> None:
+        if not isinstance(by_batch, Mapping) or not by_batch:
+            raise UsageError("service times need at least one batch size with its measured call times.")
+        samples: dict[int, np.ndarray] = {}
+        for batch, times in by_batch.items():
+            size = _check_int("a service time's batch size", batch, 1)
+            values = np.asarray(times, dtype=float).ravel()
+            if values.size == 0 or not np.isfinite(values).all() or (values <= 0.0).any():
+                raise UsageError(f"batch {size} needs at least one call time, each finite and > 0 seconds.")
+            samples[size] = values
+        self._samples = dict(sorted(samples.items()))
+        self._means = {b: float(v.mean()) for b, v in self._samples.items()}
+        self.batches: tuple[int, ...] = tuple(self._samples)
+
+    @classmethod
+    def fixed(cls, seconds: Mapping[int, float]) -> ServiceTimes:
+        """A constant call time per bucket (stubs; with max batch 1, the M/D/1 queue)."""
+        if not isinstance(seconds, Mapping):
+            raise UsageError("fixed service times need a mapping of batch size to seconds.")
+        return cls({b: [s] for b, s in seconds.items()})
+
+    def mean_s(self, batch: int) -> float:
+        """The mean measured call time at ``batch``."""
+        if batch not in self._means:
+            raise UsageError(f"batch {batch!r} was not measured; the service times hold {list(self.batches)}.")
+        return self._means[batch]
+
+    def saturation_qps(self, max_batch: int) -> float:
+        """The highest request rate a server of this max batch can sustain: the largest ``b / mean_s(b)``
+        over the measured buckets ``b <= max_batch``."""
+        top = _check_int("max_batch", max_batch, 1)
+        rates = [b / m for b, m in self._means.items() if b <= top]
+        if not rates:
+            raise UsageError(f"no batch size <= {top} was measured; the service times hold {list(self.batches)}.")
+        return max(rates)
+
+    def _draws(self, batch: int, count: int, rng: np.random.Generator) -> list[float]:
+        """``count`` call times at ``batch`` resampled with replacement."""
+        values = self._samples[batch]
+        if values.size == 1:
+            return [float(values[0])] * count
+        return values[rng.integers(0, values.size, count)].tolist()
+
+    def __repr__(self) -> str:
+        means = ", ".join(f"{b}: {m * 1e3:.3g} ms" for b, m in self._means.items())
+        return f"ServiceTimes({{{means}}})"
+
+
+@dataclass(frozen=True)
+class Requests:
+    """Per request, in seconds: arrival, its batch's start and completion, and its batch's size."""
+
+    arrival_s: np.ndarray
+    start_s: np.ndarray
+    done_s: np.ndarray
+    batch: np.ndarray
+
+    @property
+    def latency_s(self) -> np.ndarray:
+        """Completion minus arrival."""
+        return self.done_s - self.arrival_s
+
+    @property
+    def wait_s(self) -> np.ndarray:
+        """Batch start minus arrival."""
+        return self.start_s - self.arrival_s
+
+
+def _check_arrivals(arrivals: np.ndarray) -> np.ndarray:
+    times = np.asarray(arrivals, dtype=float)
+    if times.ndim != 1 or times.size == 0 or not np.isfinite(times).all() or (np.diff(times) < 0.0).any():
+        raise UsageError("arrivals must be a non-empty 1-D array of finite, non-decreasing times in seconds.")
+    return times
+
+
+def simulate(arrivals: np.ndarray, service: ServiceTimes, batcher: Batcher, *, seed: int) -> Requests:
+    """Run the batcher policy over ``arrivals`` (seconds), a discrete-event simulation one batch at a time.
+
+    Each batch starts at ``max(server free, min(oldest arrival + max_wait, arrival that fills max_batch))``
+    and takes every request arrived by then (at most ``max_batch``); its service time is drawn for its
+    bucket from ``service`` (bootstrap, pre-drawn per bucket with a generator seeded by ``seed``).
+    """
+    times = _check_arrivals(arrivals)
+    sizes = buckets(batcher.max_batch)
+    missing = [b for b in sizes if b not in service.batches]
+    if missing:
+        raise UsageError(
+            f"{batcher.describe()} runs batches at bucket {missing[0]}, which the service times lack "
+            f"(they hold {list(service.batches)}); measure every bucket of {sizes}."
+        )
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([_check_int("seed", seed, 0), _SERVICE_STREAM])))
+    n, top, wait = times.size, batcher.max_batch, batcher.max_wait_ms / 1e3
+    draws = {b: iter(service._draws(b, n // (low + 1) + 1, rng)) for low, b in zip([0, *sizes], sizes, strict=False)}
+    draw_of = [draws[batcher.bucket(k)] if k else iter(()) for k in range(top + 1)]
+    ends, starts, dones = _run(times.tolist(), top, wait, draw_of)
+    counts = np.diff(np.asarray([0, *ends]))
+    return Requests(
+        arrival_s=times,
+        start_s=np.repeat(np.asarray(starts), counts),
+        done_s=np.repeat(np.asarray(dones), counts),
+        batch=np.repeat(counts, counts),
+    )
+
+
+def _run(
+    arrival: list[float], top: int, wait: float, draw_of: list[Iterator[float]]
+) -> tuple[list[int], list[float], list[float]]:
+    """The event loop: per batch, the index after its last request, its start and its completion.
+
+    ``arrival`` is padded with ``top`` infinite arrivals, so that the request that would fill a batch
+    always exists (it never fills one when infinite) and no index is clipped.
+    """
+    n = len(arrival)
+    arrival = arrival + [math.inf] * top
+    ends: list[int] = []
+    starts: list[float] = []
+    dones: list[float] = []
+    end, start_at, done_at, cut = ends.append, starts.append, dones.append, bisect.bisect_right
+    free, i = 0.0, 0
+    while i < n:
+        last = i + top
+        deadline = arrival[i] + wait
+        full = arrival[last - 1]
+        if full < deadline:
+            deadline = full
+        start = deadline if deadline > free else free
+        i2 = cut(arrival, start, i, last)
+        free = start + next(draw_of[i2 - i])
+        end(i2)
+        start_at(start)
+        done_at(free)
+        i = i2
+    return ends, starts, dones
+
+
+@dataclass(frozen=True)
+class RequestSummary:
+    """Per-request latency in milliseconds; ``p99_upper_ms`` is the one-sided order-statistic upper bound
+    at ``confidence`` (None when too few requests bound it); ``mean_batch`` the mean size of the batch a
+    request ran in (0 when not given)."""
+
+    requests: int
+    mean_ms: float
+    p50_ms: float
+    p99_ms: float
+    p99_upper_ms: float | None
+    confidence: float
+    mean_batch: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """All fields as plain values."""
+        return asdict(self)
+
+
+def summarize_requests(
+    latency_s: np.ndarray, *, confidence: float, batch: np.ndarray | None = None, warmup: int = 0
+) -> RequestSummary:
+    """Mean, P50 and P99 of per-request latencies (seconds) with the P99's upper bound
+    (``order_statistic_bounds``), leaving out the first ``warmup`` requests (the queue starting empty)."""
+    level = _check_confidence(confidence)
+    skip = _check_int("warmup", warmup, 0)
+    values = np.asarray(latency_s, dtype=float).ravel()
+    if values.size <= skip or not np.isfinite(values).all():
+        raise UsageError(f"a summary needs finite latencies and more than warmup={skip} requests, got {values.size}.")
+    kept = values[skip:] * 1e3
+    sizes = None if batch is None else np.asarray(batch, dtype=float).ravel()
+    if sizes is not None and sizes.size != values.size:
+        raise UsageError(f"batch has {sizes.size} entries for {values.size} latencies; give one per request.")
+    p99 = order_statistic_bounds(kept, 0.99, level)
+    return RequestSummary(
+        requests=int(kept.size),
+        mean_ms=float(kept.mean()),
+        p50_ms=float(np.quantile(kept, 0.5, method="inverted_cdf")),
+        p99_ms=p99.value,
+        p99_upper_ms=p99.upper if math.isfinite(p99.upper) else None,
+        confidence=level,
+        mean_batch=float(sizes[skip:].mean()) if sizes is not None else 0.0,
+    )
+
+
+@dataclass(frozen=True)
+class RatePoint:
+    """One arrival rate: the batcher chosen for it and what its requests saw."""
+
+    qps: float
+    batcher: Batcher
+    summary: RequestSummary
+
+    def to_dict(self) -> dict[str, Any]:
+        """The rate, the batcher's settings and the summary's latencies, flat."""
+        s = self.summary
+        return {
+            "qps": self.qps,
+            "max_batch": self.batcher.max_batch,
+            "max_wait_ms": self.batcher.max_wait_ms,
+            "p50_ms": s.p50_ms,
+            "p99_ms": s.p99_ms,
+            "p99_upper_ms": s.p99_upper_ms,
+            "mean_batch": s.mean_batch,
+            "requests": s.requests,
+        }
+
+
+def _rank(point: RatePoint) -> tuple[float, float, int, float]:
+    upper = point.summary.p99_upper_ms
+    return (
+        math.inf if upper is None else upper,
+        point.summary.p99_ms,
+        point.batcher.max_batch,
+        point.batcher.max_wait_ms,
+    )
+
+
+def _check_batchers(batchers: Sequence[Batcher]) -> list[Batcher]:
+    chosen = list(batchers)
+    if not chosen or not all(isinstance(b, Batcher) for b in chosen):
+        raise UsageError("give at least one Batcher to compare.")
+    return chosen
+
+
+def best_at_rate(
+    rate_per_s: float,
+    service: ServiceTimes,
+    batchers: Sequence[Batcher],
+    *,
+    requests: int,
+    seed: int,
+    confidence: float,
+) -> RatePoint:
+    """Simulate every batcher on the same Poisson arrivals and service draws (common random numbers) and
+    keep the one with the lowest P99 upper bound (None counts as +inf); ties go to the lower P99, then
+    the smaller max batch, then the shorter wait. The first ``requests // 20`` requests are left out."""
+    chosen = _check_batchers(batchers)
+    arrivals = poisson_arrivals(rate_per_s, requests, seed)
+    level = _check_confidence(confidence)
+    points = []
+    for batcher in chosen:
+        run = simulate(arrivals, service, batcher, seed=seed)
+        summary = summarize_requests(run.latency_s, confidence=level, batch=run.batch, warmup=requests // _WARMUP_SHARE)
+        points.append(RatePoint(float(rate_per_s), batcher, summary))
+    return min(points, key=_rank)
+
+
+def _meets(point: RatePoint, slo_ms: float) -> bool:
+    upper = point.summary.p99_upper_ms
+    return upper is not None and upper <= slo_ms
+
+
+def capacity(
+    service: ServiceTimes,
+    slo_ms: float,
+    batchers: Sequence[Batcher],
+    *,
+    requests: int,
+    seed: int,
+    confidence: float,
+    rel_tol: float = 0.02,
+) -> RatePoint | None:
+    """The highest arrival rate whose best P99 upper bound is within ``slo_ms``, with the batcher that
+    gets there.
+
+    Bisection on log(rate) between the saturation rate of the largest max batch (taken as a miss: beyond
+    it the queue grows without bound) and 1 % of it, until ``hi / lo - 1 <= rel_tol``; every rate is
+    simulated with the same seed, so the same inputs give the same answer. None when 1 % of saturation
+    already misses (the configuration misses the SLO even nearly alone).
+    """
+    slo = _check_positive("slo_ms", slo_ms)
+    tol = _check_positive("rel_tol", rel_tol)
+    chosen = _check_batchers(batchers)
+    high = service.saturation_qps(max(b.max_batch for b in chosen))
+    low = high * _LOW_FRACTION
+    kwargs: dict[str, Any] = {"requests": requests, "seed": seed, "confidence": confidence}
+    best = best_at_rate(low, service, chosen, **kwargs)
+    if not _meets(best, slo):
+        return None
+    while high / low - 1.0 > tol:
+        middle = math.sqrt(low * high)
+        point = best_at_rate(middle, service, chosen, **kwargs)
+        if _meets(point, slo):
+            low, best = middle, point
+        else:
+            high = middle
+    return best
+
+
+def traffic_curve(
+    service: ServiceTimes,
+    batchers: Sequence[Batcher],
+    rates: Sequence[float],
+    *,
+    requests: int,
+    seed: int,
+    confidence: float,
+) -> list[RatePoint]:
+    """``best_at_rate`` at each rate, in the order given."""
+    return [
+        best_at_rate(rate, service, batchers, requests=requests, seed=seed, confidence=confidence) for rate in rates
+    ]
+
+
+def batchers_for(max_batch: int, waits_ms: Sequence[float]) -> list[Batcher]:
+    """Every bucket of ``max_batch`` as a max batch with every wait; max batch 1 only with wait 0 (a
+    batch of one never waits for a second request)."""
+    waits = list(waits_ms)
+    if not waits:
+        raise UsageError("give at least one max wait in milliseconds (0 for none).")
+    found = [Batcher(1, 0.0)]
+    for size in buckets(max_batch)[1:]:
+        found += [Batcher(size, wait) for wait in waits]
+    return found
+
+
+def _md1_load(rate_per_s: float, service_s: float) -> tuple[float, float, float]:
+    rate = _check_positive("rate_per_s", rate_per_s)
+    service = _check_positive("service_s", service_s)
+    rho = rate * service
+    if rho >= 1.0:
+        raise UsageError(f"the M/D/1 queue needs load rate × service < 1, got {rho:.4g}: it grows without bound.")
+    return rate, service, rho
+
+
+def md1_mean_wait_s(rate_per_s: float, service_s: float) -> float:
+    """The M/D/1 mean wait in queue (Pollaczek–Khinchine): ``rho * D / (2 (1 - rho))``."""
+    _, service, rho = _md1_load(rate_per_s, service_s)
+    return rho * service / (2.0 * (1.0 - rho))
+
+
+def _md1_wait_cdf(rate: float, service: float, t: float) -> float:
+    """P(W <= t) of the M/D/1 FIFO queue (Erlang 1909, Crommelin 1932):
+    ``(1 - rho) sum_{k=0}^{floor(t/D)} (lam (kD - t))^k / k! exp(-lam (kD - t))``.
+
+    The terms alternate in sign and reach about ``exp(2 lam t)``, so they are summed in decimal
+    arithmetic with enough digits for that cancellation (``2 lam t / ln 10`` plus 20).
+    """
+    with localcontext() as context:
+        context.prec = int(2.0 * rate * t / math.log(10.0)) + 30
+        lam, d, x = Decimal(rate), Decimal(service), Decimal(t)
+        total, factorial = Decimal(0), Decimal(1)
+        for k in range(math.floor(t / service) + 1):
+            if k:
+                factorial *= k
+            u = lam * (k * d - x)
+            total += (u**k if k else Decimal(1)) / factorial * (-u).exp()
+        return float((1 - lam * d) * total)
+
+
+def md1_wait_quantile_s(rate_per_s: float, service_s: float, q: float) -> float:
+    """The ``q`` quantile of the M/D/1 FIFO wait in queue: the exact distribution (``_md1_wait_cdf``,
+    summed in decimal arithmetic so that any load below 1 is exact) solved for ``q`` by bisection
+    to 1e-9 of the service time. 0 when ``q <= 1 - rho`` (that share of requests never waits)."""
+    rate, service, rho = _md1_load(rate_per_s, service_s)
+    if not isinstance(q, int | float) or not 0.0 < q < 1.0:
+        raise UsageError(f"q must be strictly between 0 and 1, got {q!r}.")
+    if q <= 1.0 - rho:
+        return 0.0
+    low, high = 0.0, service
+    while _md1_wait_cdf(rate, service, high) < q:
+        low, high = high, 2.0 * high
+    while high - low > 1e-9 * service:
+        middle = 0.5 * (low + high)
+        if _md1_wait_cdf(rate, service, middle) < q:
+            low = middle
+        else:
+            high = middle
+    return high
