@@ -357,6 +357,47 @@ def confirm(
     return result.to_dict()
 
 
+def load_run(
+    limits: Limits | None = None,
+    /,
+    *,
+    trial: int | None = None,
+    capacity: bool = False,
+    requests: int | None = None,
+    device: str | None = None,
+    threads: int | None = None,
+    db: str | None = None,
+    **keywords: Any,
+) -> dict[str, Any]:
+    """A real load run of a configuration of a study searched at a request rate (``pareto load``).
+
+    Requests of one sample arrive on a seeded Poisson schedule at the rate (``qps``; default the study's),
+    sent by a generator thread to the configuration (trial ``trial``, else the pick) served behind the
+    dynamic batcher with the settings its simulation chose, each timed from its scheduled arrival to its
+    batch's completion; stored. With ``capacity``, the highest rate whose run is valid with its request
+    P99 bound within the SLO, by load runs bisecting around the simulated capacity. Imports torch.
+
+    Returns:
+        ``{"study", "trial", "description", "slo_ms", "qps", "simulated_p99_upper_ms", "meets", "load_run"}``,
+        or with ``capacity`` ``{..., "simulated_capacity_qps", "load_capacity_qps", "max_batch",
+        "max_wait_ms", "runs"}``.
+
+    Raises:
+        UsageError: a study searched without a rate, no such trial, a bad limit.
+        NoFeasibleConfiguration: no trial named and nothing meets the limits.
+    """
+    from pareto.study.load_runs import load_study
+
+    asked = Limits.of(limits, **keywords)
+    asked.given()
+    url = resolve_url(db)
+    with reading(existing_engine(url)) as r:
+        row = r.study(asked.study)
+    constraints = asked.constraints(row.spec)
+    bench = open_bench(url, load_task(row.task), stored_measure(row.spec, device, threads), with_profile=False)
+    return load_study(bench, row, constraints, trial=trial, capacity=capacity, requests=requests)
+
+
 def measure(
     task: str = "demo",
     *,

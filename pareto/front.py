@@ -24,9 +24,13 @@ OBJECTIVES: dict[str, tuple[str, bool]] = {
     "throughput": ("throughput_per_s", True),
     "bytes_moved": ("bytes_moved", False),
     "flops": ("flops", False),
+    # at a request rate: the highest rate whose requests' P99 bound stays within the SLO
+    "capacity": ("capacity_qps", True),
 }
 #: The objectives of a study that names none.
 DEFAULT_OBJECTIVE_NAMES: tuple[str, ...] = ("accuracy", "p99")
+#: The objectives of a study at a request rate (``--qps``) that names none.
+TRAFFIC_OBJECTIVE_NAMES: tuple[str, ...] = ("accuracy", "capacity")
 DEFAULT_OBJECTIVES: tuple[tuple[str, bool], ...] = tuple(OBJECTIVES[name] for name in DEFAULT_OBJECTIVE_NAMES)
 
 
@@ -52,10 +56,13 @@ class Candidate:
     slo: dict[str, Any] = field(default_factory=dict)
     confirmation: dict[str, Any] | None = None
     measurement_id: int | None = None  #: the stored row the metrics come from (not part of ``to_dict``)
+    #: the latest load run of the configuration at a request rate (``pareto.measure.load``), if any
+    load_run: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """As every JSON answer shows it; ``config.backend`` is always named there (stored: only when not eager)."""
-        return {
+        """As every JSON answer shows it; ``config.backend`` is always named there (stored: only when not
+        eager); ``load_run`` only when the configuration had one."""
+        data = {
             "study": self.study,
             "trial": self.trial,
             "config": {**self.config, "backend": self.config.get("backend", "eager")},
@@ -64,6 +71,7 @@ class Candidate:
             "confirmation": self.confirmation,
             "environment": self.environment,
         }
+        return data if self.load_run is None else {**data, "load_run": self.load_run}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Candidate:
@@ -80,6 +88,7 @@ class Candidate:
             environment=data["environment"],
             slo=data.get("slo") or {},
             confirmation=data.get("confirmation"),
+            load_run=data.get("load_run"),
         )
 
 
@@ -132,6 +141,8 @@ def objective_value(metrics: dict[str, Any], metric: str) -> float | None:
         return math.inf if metrics.get("latency_p99_ms") is not None else None
     if metric == "memory_bytes":
         return float(memory_bytes(metrics))
+    if metric == "capacity_qps" and metrics.get("scenario") is not None:
+        return float(metrics.get(metric) or 0.0)  # requests that miss the SLO at every rate: no capacity
     value = metrics.get(metric)
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 

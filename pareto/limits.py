@@ -75,6 +75,9 @@ class Limit:
 #: stored before the activation and KV terms existed (the store's column for it does the same).
 LIMITS: tuple[Limit, ...] = (
     Limit("p99_ms", P99_BOUND_METRIC, at_most=True, value=lambda m: m.get(P99_BOUND_METRIC), bound=True),
+    # at a request rate, the P99 limit is the rate within the capacity at the SLO (a configuration that
+    # misses the SLO even nearly alone has none: capacity 0)
+    Limit("qps", "capacity_qps", at_most=False, value=lambda m: m.get("capacity_qps") or 0.0),
     Limit("min_accuracy", "accuracy", at_most=False, value=lambda m: m["accuracy"], scale=_scale),
     Limit("max_memory_bytes", "memory_bytes", at_most=True, value=memory_bytes),
     Limit("min_throughput_per_s", "throughput_per_s", at_most=False, value=lambda m: m["throughput_per_s"]),
@@ -86,13 +89,16 @@ class Constraints:
     """What a configuration must meet; None means unconstrained."""
 
     p99_ms: float | None = None
+    #: requests per second arriving: the P99 is then every request's at that rate (``capacity_qps``)
+    qps: float | None = None
     min_accuracy: float | None = None
     max_memory_bytes: int | None = None
     min_throughput_per_s: float | None = None
     min_samples: int = MIN_SAMPLES_P99
 
     def to_dict(self) -> dict[str, Any]:
-        return {limit.name: getattr(self, limit.name) for limit in LIMITS}
+        """Every limit by name; ``qps`` only when set (single-stream answers are as they were before it)."""
+        return {limit.name: getattr(self, limit.name) for limit in LIMITS if limit.name != "qps" or self.qps}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Constraints:
@@ -101,8 +107,10 @@ class Constraints:
         return cls(**values)
 
     def set(self) -> list[tuple[Limit, float]]:
-        """The limits set (not None), each with its value, in ``LIMITS``' order."""
-        return [(limit, value) for limit in LIMITS if (value := getattr(self, limit.name)) is not None]
+        """The limits set (not None), each with its value, in ``LIMITS``' order. At a request rate the
+        single call's P99 is not a limit: the rate within the capacity at the SLO is."""
+        limits = [(limit, value) for limit in LIMITS if (value := getattr(self, limit.name)) is not None]
+        return [(limit, value) for limit, value in limits if not (limit.name == "p99_ms" and self.qps)]
 
     @property
     def any(self) -> bool:
@@ -111,7 +119,7 @@ class Constraints:
     def describe(self) -> str:
         parts = []
         if self.p99_ms is not None:
-            parts.append(f"P99 ≤ {format_ms(self.p99_ms)}")
+            parts.append(f"P99 ≤ {format_ms(self.p99_ms)}" + (f" at {self.qps:,.4g} requests/s" if self.qps else ""))
         if self.min_accuracy is not None:
             parts.append(f"accuracy ≥ {self.min_accuracy:g}")
         if self.max_memory_bytes is not None:
@@ -206,9 +214,13 @@ def evaluate(metrics: dict[str, Any], constraints: Constraints) -> Judgement:
     violations: list[str] = []
     verdict = p99_verdict(metrics, constraints.p99_ms, constraints.min_samples) if constraints.p99_ms else None
     undecided = False
-    if constraints.p99_ms is not None and gaps["p99_ms"] > 0:
+    if gaps.get("p99_ms", 0) > 0:
         phrase, undecided = _p99_violation(metrics, constraints)
         violations.append(phrase)
+    if constraints.qps:
+        verdict = "met" if gaps["qps"] <= 0 else "missed"
+        if gaps["qps"] > 0:
+            violations.append(_rate_violation(metrics, constraints))
     if gaps.get("min_accuracy", 0) > 0:
         floor, acc = constraints.min_accuracy or 0.0, metrics["accuracy"]
         violations.append(f"its accuracy {acc:.4g} is {floor - acc:.3g} below {floor:g}")
@@ -245,6 +257,29 @@ def _p99_violation(metrics: dict[str, Any], constraints: Constraints) -> tuple[s
     )
 
 
+def _rate_violation(metrics: dict[str, Any], constraints: Constraints) -> str:
+    """How a configuration falls short at the request rate, and whether it would meet the SLO alone."""
+    slo, rate, capacity = constraints.p99_ms or 0.0, constraints.qps or 0.0, metrics.get("capacity_qps")
+    if capacity is None:
+        phrase = f"it has no capacity at {format_ms(slo)}: its requests miss the SLO even at the lowest rate tried"
+    else:
+        phrase = f"at {rate:,.4g} requests/s it is over its capacity of {capacity:,.4g}/s at {format_ms(slo)}"
+        if metrics.get("qps") == rate and metrics.get("request_p99_upper_ms") is not None:
+            phrase += f" (its requests' P99 upper bound there is {format_ms(metrics['request_p99_upper_ms'])})"
+    single = _single_call(metrics)
+    if single is not None and single <= slo:
+        phrase += f"; alone (one request, nothing queued) its call's P99 is {format_ms(single)}, within the SLO"
+    return phrase
+
+
+def _single_call(metrics: dict[str, Any]) -> float | None:
+    """The P99 of one call at batch 1 (the service curve's first bucket), None when not measured."""
+    for point in metrics.get("service_curve") or ():
+        if point.get("batch") == 1:
+            return float(point["p99_ms"])
+    return None
+
+
 @dataclass(frozen=True)
 class Limits:
     """The study, the environment and the limits a read answers against; None leaves each to its default.
@@ -257,11 +292,14 @@ class Limits:
         min_accuracy: Accuracy floor (the task's metric); default: the study's.
         max_memory: Memory budget (params + activations + KV cache), ``"2GB"`` or bytes; default: the study's.
         min_throughput: Throughput floor, ``"500/s"`` or samples per second; default: the study's.
+        qps: Requests per second arriving (``"800/s"`` or a number): the P99 is then every request's at
+            that rate, judged by the capacity stored with a study searched at a rate; default: the study's.
     """
 
     study: str | None = None
     environment: str | None = None
     slo_p99: str | float | None = None
+    qps: str | float | None = None
     min_accuracy: float | None = None
     max_memory: str | int | None = None
     min_throughput: str | float | None = None
@@ -293,24 +331,45 @@ class Limits:
         throughput = parse_rate_per_s(rate) if isinstance(rate, str) else None if rate is None else float(rate)
         if throughput is not None and not throughput > 0:
             raise UsageError(f"A throughput floor must be positive, got {rate!r}; write it like '500/s'.")
+        qps = parse_rate_per_s(self.qps) if isinstance(self.qps, str) else None if self.qps is None else float(self.qps)
+        if qps is not None and not qps > 0:
+            raise UsageError(f"A request rate must be positive, got {self.qps!r}; write it like '800/s'.")
         return Constraints(
             p99_ms=slo_ms(self.slo_p99),
+            qps=qps,
             min_accuracy=self.min_accuracy,
             max_memory_bytes=memory,
             min_throughput_per_s=throughput,
         )
 
     def constraints(self, study_spec: dict[str, Any] | None) -> Constraints:
-        """The limits to judge by: what the caller said, else the study's stored SLO and budget."""
+        """The limits to judge by: what the caller said, else the study's stored SLO, rate and budget.
+
+        Raises:
+            UsageError: a rate asked of a study searched without one, or with another SLO than its own
+                (its capacity was found at its own SLO).
+        """
         given = self.given()
         spec = study_spec or {}
         slo, budget = spec.get("slo") or {}, spec.get("budget") or {}
+        stored_rate = (spec.get("traffic") or {}).get("qps")
 
         def either(said: Any, stored: Any) -> Any:
             return said if said is not None else stored
 
+        if given.qps is not None and stored_rate is None:
+            raise UsageError(
+                "This study was searched one call at a time (no --qps): its configurations have no capacity "
+                "at a request rate; search a study with --qps to ask for one."
+            )
+        if stored_rate is not None and given.p99_ms is not None and given.p99_ms != slo.get("p99"):
+            raise UsageError(
+                f"This study's capacities were found at its SLO of {format_ms(slo.get('p99') or 0)}, not at "
+                f"{format_ms(given.p99_ms)}; ask with that SLO, or search a study at the other one."
+            )
         return Constraints(
             p99_ms=either(given.p99_ms, slo.get("p99")),
+            qps=either(given.qps, stored_rate),
             min_accuracy=either(given.min_accuracy, slo.get("min_accuracy")),
             max_memory_bytes=either(given.max_memory_bytes, budget.get("max_memory")),
             min_throughput_per_s=either(given.min_throughput_per_s, slo.get("min_throughput")),

@@ -77,14 +77,36 @@ class Metrics:
     latency_p999_upper_ms: float | None = None  #: None below 4,603 calls (the fewest that bound it at 99 %)
     # revision 0005
     round_medians_ms: list[Any] | None = None  #: the median of each round kept, in ms (regression tests)
+    # revision 0011: the traffic scenario (None in a single-stream study, and left out of ``to_dict``)
+    scenario: str | None = field(default=None, metadata=_str(16))  #: "server": requests arriving at ``qps``
+    qps: float | None = None  #: the arrival rate (requests/s) the request latencies below are at
+    max_batch: int | None = None  #: the batcher's largest batch at ``qps`` (the best within the trial's)
+    max_wait_ms: float | None = None  #: the batcher's longest wait for a batch to fill at ``qps``
+    requests: int | None = None  #: simulated requests summarized
+    request_p50_ms: float | None = None  #: per request: completion - arrival (queue, batch wait, service)
+    request_p99_ms: float | None = None
+    request_p99_upper_ms: float | None = None  #: one-sided bound at ``confidence`` over the requests
+    capacity_qps: float | None = None  #: the highest rate whose request P99 bound is within the study's SLO
+    capacity_max_batch: int | None = None  #: the batcher settings that reach ``capacity_qps``
+    capacity_max_wait_ms: float | None = None
+    service_curve: list[Any] | None = None  #: the measured call time per batch bucket the simulation draws from
+    traffic_curve: list[Any] | None = None  #: the request P99 (and its batcher) at rates around the capacity
 
     def to_dict(self) -> dict[str, Any]:
-        """Field name → value; infinite floats become None (JSON has no infinity)."""
+        """Field name → value; infinite floats become None (JSON has no infinity). A single-stream
+        measurement leaves out the traffic fields (its answers are as they were before they existed)."""
+        skip = TRAFFIC_FIELDS if self.scenario is None else ()
         return {
             f.name: None if isinstance(v, float) and math.isinf(v) else v
             for f in dataclasses.fields(self)
+            if f.name not in skip
             for v in (getattr(self, f.name),)
         }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Metrics:
+        """The record of a ``to_dict`` (a candidate's metrics; a single-stream one has no traffic fields)."""
+        return cls(**{name: data[name] for name in FIELD_NAMES if name in data})
 
     @classmethod
     def from_row(cls, row: Any) -> Metrics:
@@ -94,6 +116,8 @@ class Metrics:
 
 #: Every metric field, in declaration order.
 FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Metrics))
+#: The fields of the traffic scenario (revision 0011), from ``scenario`` on.
+TRAFFIC_FIELDS: tuple[str, ...] = FIELD_NAMES[FIELD_NAMES.index("scenario") :]
 
 
 def column_specs() -> list[tuple[str, type, bool, dict[str, Any]]]:

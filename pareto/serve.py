@@ -196,6 +196,15 @@ SloP99 = Annotated[
     float | None,
     Query(gt=0, allow_inf_nan=False, description="P99 bound in milliseconds [default: the study's SLO]."),
 ]
+Qps = Annotated[
+    float | None,
+    Query(
+        gt=0,
+        allow_inf_nan=False,
+        description="Requests per second arriving: the P99 is every request's at that rate, judged by the capacity "
+        "of a study searched with --qps [default: the study's rate, if it has one].",
+    ),
+]
 MinAccuracy = Annotated[
     float | None, Query(allow_inf_nan=False, description="Accuracy floor (the task's metric) [default: the study's].")
 ]
@@ -351,6 +360,7 @@ def _add_limit_routes(router: APIRouter, url: str, answers: _Answers) -> None:
     def frontier(
         name: StudyName,
         slo_p99_ms: SloP99 = None,
+        qps: Qps = None,
         min_accuracy: MinAccuracy = None,
         max_memory_bytes: MaxMemory = None,
         environment: EnvironmentKey = None,
@@ -358,10 +368,11 @@ def _add_limit_routes(router: APIRouter, url: str, answers: _Answers) -> None:
         """The non-dominated configurations on the study's objectives, fastest first, each judged
         against the SLO: the JSON of `pareto frontier --json`."""
         return answers.answer(
-            ("frontier", name, slo_p99_ms, min_accuracy, max_memory_bytes, environment),
+            ("frontier", name, slo_p99_ms, qps, min_accuracy, max_memory_bytes, environment),
             lambda: api.frontier(
                 study=name,
                 slo_p99=slo_p99_ms,
+                qps=qps,
                 min_accuracy=min_accuracy,
                 max_memory=max_memory_bytes,
                 environment=environment,
@@ -378,6 +389,7 @@ def _add_limit_routes(router: APIRouter, url: str, answers: _Answers) -> None:
     def best(
         name: StudyName,
         slo_p99_ms: SloP99 = None,
+        qps: Qps = None,
         min_accuracy: MinAccuracy = None,
         max_memory_bytes: MaxMemory = None,
         environment: EnvironmentKey = None,
@@ -386,10 +398,11 @@ def _add_limit_routes(router: APIRouter, url: str, answers: _Answers) -> None:
         (confirmed measurements first): the JSON of `pareto best --json`. 404 with the closest
         configuration named when nothing stored meets the SLO."""
         return answers.answer(
-            ("best", name, slo_p99_ms, min_accuracy, max_memory_bytes, environment),
+            ("best", name, slo_p99_ms, qps, min_accuracy, max_memory_bytes, environment),
             lambda: api.best(
                 study=name,
                 slo_p99=slo_p99_ms,
+                qps=qps,
                 min_accuracy=min_accuracy,
                 max_memory=max_memory_bytes,
                 environment=environment,

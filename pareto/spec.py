@@ -20,7 +20,7 @@ from pydantic import (
 )
 
 from pareto.errors import UsageError
-from pareto.front import DEFAULT_OBJECTIVE_NAMES
+from pareto.front import DEFAULT_OBJECTIVE_NAMES, TRAFFIC_OBJECTIVE_NAMES
 from pareto.limits import Constraints
 from pareto.naming import Backend, SamplerName
 from pareto.slo import DEFAULT_CONFIDENCE, DEFAULT_CONTENTION_LIMIT, DEFAULT_ROUNDS, MIN_CONFIDENCE, MIN_SAMPLES_P99
@@ -44,7 +44,17 @@ def _stored_or(parse: Any) -> Any:
 DurationMs = Annotated[float, BeforeValidator(_stored_or(parse_duration_ms))]
 SizeBytes = Annotated[int, BeforeValidator(_stored_or(parse_size_bytes))]
 RatePerS = Annotated[float, BeforeValidator(_stored_or(parse_rate_per_s))]
-ObjectiveName = Literal["accuracy", "p99", "p50", "memory", "throughput", "bytes_moved", "flops"]
+
+
+def _wait_ms(value: Any) -> float:
+    """A batcher's wait: a duration, or zero ("0", "0ms")."""
+    if isinstance(value, str) and value.strip().rstrip("µumsn").strip() in {"0", "0.0"}:
+        return 0.0
+    return parse_duration_ms(value)
+
+
+WaitMs = Annotated[float, BeforeValidator(_stored_or(_wait_ms))]
+ObjectiveName = Literal["accuracy", "p99", "p50", "memory", "throughput", "bytes_moved", "flops", "capacity"]
 Scenario = Literal["mobile", "serving", "realtime", "edge"]
 
 
@@ -269,6 +279,32 @@ class Measure(_Strict):
         return self
 
 
+class Traffic(_Strict):
+    """Requests arriving at a rate (the "server" scenario): with ``qps`` set, a configuration's P99 is its
+    requests' at that Poisson arrival rate behind a dynamic batcher, not one call's with nothing queued.
+
+    The space's batch sizes are the batcher's largest batch; the longest wait for a batch to fill is
+    chosen per configuration from ``max_wait`` by the queue simulation (it changes nothing measured).
+    """
+
+    qps: RatePerS | None = Field(default=None, description="Poisson arrival rate ('800/s'); None: single stream.")
+    #: the batcher's waits tried per configuration; None: 0, 1/16, 1/8, 1/4 and 1/2 of the SLO
+    max_wait: list[WaitMs] | None = None
+    #: simulated requests per rate (the P99 bound is an order statistic of them)
+    requests: int = Field(default=5000, ge=MIN_SAMPLES_P99)
+    #: timed calls per batch bucket below the largest (the largest is the trial's own latency measurement)
+    sweep_samples: int = Field(default=200, ge=20)
+    #: requests of each confirming load run (pick and baseline, after the search)
+    load_requests: int = Field(default=3000, ge=MIN_SAMPLES_P99)
+
+    @field_validator("max_wait")
+    @classmethod
+    def _waits(cls, value: list[float] | None) -> list[float] | None:
+        if value is not None and (not value or min(value) < 0):
+            raise ValueError("max_wait lists the batcher's waits to try: at least one, none negative")
+        return value
+
+
 #: Deployment scenarios: the objectives and measurement that each one's users care about.
 SCENARIOS: dict[str, dict[str, Any]] = {
     # memory and P99 at batch 1; throughput given up
@@ -300,6 +336,7 @@ class SearchSpec(_Strict):
     )
     slo: SLO = SLO()
     budget: Budget = Budget()
+    traffic: Traffic = Traffic()
     search: Search = Search()
     measure: Measure = Measure()
     space: Space = Field(default_factory=lambda: Space.model_validate(DEFAULT_SPACE))
@@ -309,6 +346,7 @@ class SearchSpec(_Strict):
         by when the caller says nothing)."""
         return Constraints(
             p99_ms=self.slo.p99,
+            qps=self.traffic.qps,
             min_accuracy=self.slo.min_accuracy,
             max_memory_bytes=self.budget.max_memory,
             min_throughput_per_s=self.slo.min_throughput,
@@ -332,12 +370,28 @@ class SearchSpec(_Strict):
                 merged[key] = preset
         return merged
 
+    @model_validator(mode="before")
+    @classmethod
+    def _traffic_defaults(cls, data: Any) -> Any:
+        """At a request rate, a spec that names no objectives optimizes accuracy and capacity."""
+        if not isinstance(data, dict) or data.get("objectives") is not None:
+            return data
+        traffic = data.get("traffic")
+        qps = traffic.qps if isinstance(traffic, Traffic) else (traffic or {}).get("qps")
+        return {**data, "objectives": list(TRAFFIC_OBJECTIVE_NAMES)} if qps is not None else data
+
     @model_validator(mode="after")
     def _objectives_make_sense(self) -> SearchSpec:
         if len(set(self.objectives)) != len(self.objectives):
             raise ValueError(f"objectives list one twice: {self.objectives}")
         if not self.objectives:
             raise ValueError("objectives: give at least one")
+        return self
+
+    @model_validator(mode="after")
+    def _traffic_has_slo(self) -> SearchSpec:
+        if self.traffic.qps is not None and self.slo.p99 is None:
+            raise ValueError("a request rate (qps) needs a P99 SLO (slo.p99, --slo-p99) to judge its requests by")
         return self
 
     @model_validator(mode="after")

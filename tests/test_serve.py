@@ -292,6 +292,7 @@ def test_openapi_describes_the_read_only_api(served: tuple[str, str, Path]) -> N
     assert {p["name"] for p in best["parameters"]} == {
         "name",
         "slo_p99_ms",
+        "qps",
         "min_accuracy",
         "max_memory_bytes",
         "environment",

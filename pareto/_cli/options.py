@@ -73,12 +73,18 @@ throughput_option = click.option("--min-throughput", type=RATE, help="Throughput
 def slo_options(func: Any) -> Any:
     func = click.option("--max-memory", type=SIZE, help="Memory budget (params + activations + KV), e.g. 2GB.")(func)
     func = click.option("--min-accuracy", type=float, help="Accuracy floor (the task's metric).")(func)
+    func = click.option(
+        "--qps",
+        type=RATE,
+        help="Requests per second arriving (Poisson), e.g. 800/s: the P99 is then every request's at that rate, "
+        "queued behind a dynamic batcher; needs --slo-p99.",
+    )(func)
     func = click.option("--slo-p99", type=DURATION, help="P99 latency bound, e.g. 7ms, 500us.")(func)
     return func
 
 
 #: the options ``limits_options`` gathers, named as the fields of ``pareto.limits.Limits``
-LIMIT_OPTIONS = ("study", "environment", "slo_p99", "min_accuracy", "max_memory", "min_throughput")
+LIMIT_OPTIONS = ("study", "environment", "slo_p99", "qps", "min_accuracy", "max_memory", "min_throughput")
 
 
 def limits_options(func: Any) -> Any:

@@ -35,7 +35,9 @@ if TYPE_CHECKING:
 @slo_options
 @throughput_option
 @click.option(
-    "--objective", "objectives", help="Comma-separated: accuracy,p99,p50,memory,throughput,bytes_moved,flops."
+    "--objective",
+    "objectives",
+    help="Comma-separated: accuracy,p99,p50,memory,throughput,bytes_moved,flops,capacity (with --qps).",
 )
 @click.option(
     "--scenario",
@@ -141,6 +143,7 @@ _SPEC_FLAGS = {
     "slo.p99": "slo_p99",
     "slo.min_accuracy": "min_accuracy",
     "slo.min_throughput": "min_throughput",
+    "traffic.qps": "qps",
     "scenario": "scenario",
     "measure.hardware": "hardware",
     "budget.max_memory": "max_memory",

@@ -145,6 +145,8 @@ class LatencyResult:
     stop_reason: str | None = None
     #: Stopped after the first round: the P99 is over ``RoundPlan.reject_above_ms`` with confidence.
     rejected: bool = False
+    #: Every kept call's time in ms, rounds in order (what a queue simulation resamples); None when none was kept.
+    samples_ms: np.ndarray | None = None
 
 
 @dataclass
@@ -431,6 +433,7 @@ def _result(
         busy=state.busy,
         stop_reason=state.stop_reason,
         rejected=state.rejected,
+        samples_ms=np.concatenate(state.kept) / 1e6 if state.kept else None,
     )
 
 

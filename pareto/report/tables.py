@@ -54,6 +54,10 @@ def frontier_table(
         title = f"Pareto frontier of study {rows[0]['study']!r}"
     max_priority = 3 if width is None or width >= 150 else 2 if width >= 125 else 1 if width >= 100 else 0
     shown = [(name, justify) for name, justify, priority in _COLUMNS if priority <= max_priority]
+    traffic = next((r["metrics"]["qps"] for r in rows if r["metrics"].get("scenario")), None)
+    if traffic is not None:  # at a request rate: the requests' P99 there and the capacity, after the call's
+        at = shown.index(("p99 ≤", "right")) + 1 if ("p99 ≤", "right") in shown else len(shown) - 1
+        shown[at:at] = [(f"req p99 ≤ @{traffic:,.4g}/s", "right"), ("capacity/s", "right")]
     table = Table(title=title, title_justify="left")
     for name, justify in shown:
         table.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
@@ -80,6 +84,9 @@ def frontier_table(
             "speedup p99": _ratio(m.get("speedup_p99")),
             "SLO": Text(mark, style=style),
         }
+        if traffic is not None:
+            cells[f"req p99 ≤ @{traffic:,.4g}/s"] = format_ms(m.get("request_p99_upper_ms"))
+            cells["capacity/s"] = f"{m['capacity_qps']:,.0f}" if m.get("capacity_qps") else "none"
         table.add_row(*(cells[name] for name, _ in shown))
     if rows:
         m = rows[0]["metrics"]
@@ -87,6 +94,13 @@ def frontier_table(
             f"p99 ≤: {_bound_words(m)}; the SLO verdict uses it. ✓: confirmed in interleaved rounds with the "
             "baseline. Speedup: over the uncompressed model timed in the same run, at the same batch size."
         )
+        if traffic is not None:
+            table.caption = (
+                f"p99 ≤: one call at the batch size, {_bound_words(m)}. req p99 ≤: every request's at "
+                f"{traffic:,.4g} requests/s (Poisson), queue and batcher simulated on the measured call times, "
+                "its bound the SLO verdict uses; capacity: the highest rate within the SLO. ✓: confirmed with "
+                "the baseline. Batch: the batcher's largest."
+            )
     return table
 
 
@@ -122,11 +136,41 @@ def best_card(pick: dict[str, Any]) -> Panel:
         f"{_ratio(m.get('compression_ratio'))} theoretical size,  {_ratio(m.get('speedup_p50'))} p50,  "
         f"{_ratio(m.get('speedup_p99'))} p99",
     )
+    traffic_rows(grid, pick)
     grid.add_row("SLO", _slo_text(slo))
     grid.add_row("confirmed", _confirmation_text(pick.get("confirmation")))
     grid.add_row("method", _latency_method(m))
     grid.add_row("environment", _environment(env))
     return Panel(grid, title="Best configuration", title_align="left", border_style="green", expand=False)
+
+
+def traffic_rows(grid: Table, pick: dict[str, Any]) -> None:
+    """At a request rate: the requests' P99 there with the batcher, the capacity, and the load run if any."""
+    m = pick["metrics"]
+    if m.get("scenario") is None:
+        return
+    upper = m.get("request_p99_upper_ms")
+    grid.add_row(
+        f"at {m['qps']:,.4g} requests/s",
+        f"request P99 {format_ms(m['request_p99_ms'])} (≤ {format_ms(upper)}), P50 {format_ms(m['request_p50_ms'])}, "
+        f"max batch {m['max_batch']}, wait {format_ms(m['max_wait_ms'])} (simulated: {m['requests']} requests)",
+    )
+    capacity = m.get("capacity_qps")
+    grid.add_row(
+        "capacity",
+        f"{capacity:,.0f} requests/s (max batch {m['capacity_max_batch']}, wait {format_ms(m['capacity_max_wait_ms'])})"
+        if capacity
+        else "none: its requests miss the SLO even at the lowest rate tried",
+    )
+    load = pick.get("load_run")
+    if load:
+        kept = "kept up" if load["kept_up"] else "did not keep up"
+        valid = "valid" if load["valid"] else f"not valid: {str(load['reason']).rstrip('.')}"
+        grid.add_row(
+            "load run",
+            f"request P99 {format_ms(load['p99_ms'])} (≤ {format_ms(load.get('p99_upper_ms'))}) at "
+            f"{load['qps']:,.4g}/s, {load['requests']} requests, {kept}, {valid}",
+        )
 
 
 def _p99_text(m: dict[str, Any]) -> str:
@@ -180,7 +224,8 @@ def _accuracy(m: dict[str, Any]) -> str:
 def _slo_text(slo: dict[str, Any]) -> str:
     parts = []
     if slo.get("p99_ms") is not None:
-        parts.append(f"P99 ≤ {format_ms(slo['p99_ms'])}: {slo.get('p99_verdict')}")
+        rate = f" at {slo['qps']:,.4g} requests/s" if slo.get("qps") else ""
+        parts.append(f"P99 ≤ {format_ms(slo['p99_ms'])}{rate}: {slo.get('p99_verdict')}")
     if slo.get("min_accuracy") is not None:
         parts.append(f"accuracy ≥ {slo['min_accuracy']:g}")
     if slo.get("max_memory_bytes") is not None:
@@ -293,6 +338,9 @@ def _trial_line(outcome: TrialOutcome) -> str:
     )
     if outcome.state == TrialState.DUPLICATE:
         return line + f"  [dim](repeat of trial {outcome.repeat_of}, answered from the database; not counted)[/]"
+    if m.get("scenario"):
+        capacity = f"{m['capacity_qps']:,.0f}/s" if m.get("capacity_qps") else "none"
+        line += f"  @{m['qps']:,.4g}/s req p99 ≤ {format_ms(m.get('request_p99_upper_ms'))}  capacity {capacity}"
     if m.get("discarded_rounds"):
         line += f"  [yellow]({m['discarded_rounds']} rounds discarded for contention)[/]"
     return line

@@ -338,6 +338,31 @@ class TechniqueCheck(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
+class LoadRun(Base):
+    """A real load run of a trial's configuration at an arrival rate (``pareto.measure.load``): requests
+    sent on a seeded Poisson schedule to the served model behind the batcher, timed per request.
+
+    ``valid`` is LoadGen's rule: enough requests for the one-sided P99 bound, and the run kept up with
+    the offered rate (else it was over capacity: ``summary["reason"]`` says why). ``summary`` is the
+    run's ``to_dict``.
+    """
+
+    __tablename__ = "pareto_load_runs"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    trial_id: Mapped[int] = mapped_column(ForeignKey("pareto_trials.id", ondelete="CASCADE"), index=True)
+    environment_id: Mapped[int] = mapped_column(ForeignKey("pareto_environments.id"))
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("pareto_runs.id", ondelete="SET NULL"))
+    qps: Mapped[float] = mapped_column(Float)
+    max_batch: Mapped[int] = mapped_column(Integer)
+    max_wait_ms: Mapped[float] = mapped_column(Float)
+    request_p99_upper_ms: Mapped[float | None] = mapped_column(Float)
+    kept_up: Mapped[bool] = mapped_column(Boolean)
+    valid: Mapped[bool] = mapped_column(Boolean)
+    summary: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
 class DataVersion(Base):
     """One row: a counter every writing transaction of pareto's sessions moves (``pareto.store.version``)."""
 

@@ -17,6 +17,7 @@ from pareto.slo import P99_BOUND_METRIC
 from pareto.store.models import (
     Environment,
     HardwareCalibration,
+    LoadRun,
     Measurement,
     NightlyRun,
     ReferenceModel,
@@ -195,14 +196,28 @@ def candidates(
         for env in session.scalars(select(Environment).where(Environment.id.in_({m.environment_id for m in rows})))
     }
     result = []
+    loads = _load_runs(session, study) if any(m.scenario for m in chosen.values()) else {}
     for m in chosen.values():
         base = by_run.get((m.run_id, m.batch_size)) if m.run_id is not None else None
         basis = "same run" if base is not None else None
         if base is None:
             base = latest_base.get((m.environment_id, m.batch_size))
             basis = "another run" if base is not None else None
-        result.append(_candidate(study.name, m, base, basis, environments[m.environment_id]))
+        candidate = _candidate(study.name, m, base, basis, environments[m.environment_id])
+        candidate.load_run = loads.get((m.trial_id, m.environment_id))
+        result.append(candidate)
     return result
+
+
+def _load_runs(session: Session, study: Study) -> dict[tuple[int, int], dict[str, Any]]:
+    """The latest load run of each trial of ``study`` and environment (a traffic study's few)."""
+    rows = session.execute(
+        select(LoadRun.trial_id, LoadRun.environment_id, LoadRun.summary, LoadRun.created_at)
+        .join(Trial, Trial.id == LoadRun.trial_id)
+        .where(Trial.study_id == study.id)
+        .order_by(LoadRun.id)
+    ).all()
+    return {(r.trial_id, r.environment_id): {**r.summary, "at": r.created_at.isoformat()} for r in rows}
 
 
 def _baselines(
@@ -285,6 +300,8 @@ _LIGHT_COLUMNS: dict[str, Any] = {
     "samples": Measurement.samples,
     "memory_bytes": func.coalesce(Measurement.memory_bytes, Measurement.params_bytes),
     "throughput_per_s": Measurement.throughput_per_s,
+    # no capacity (requests miss the SLO even at the lowest rate): none at any rate
+    "capacity_qps": func.coalesce(Measurement.capacity_qps, 0.0),
     "bytes_moved": Measurement.bytes_moved,
     "flops": Measurement.flops,
 }

@@ -22,7 +22,7 @@ from pareto.machine import environment_key
 from pareto.metrics import Metrics
 from pareto.store import queries, trials
 from pareto.store.engine import display_url, get_or_create, session_scope
-from pareto.store.models import Environment, Measurement, Run, Study, TechniqueCheck, Trial, utcnow
+from pareto.store.models import Environment, LoadRun, Measurement, Run, Study, TechniqueCheck, Trial, utcnow
 from pareto.store.records import CheckRecord, NewTrial, NightlyRecord, TrialState, Verdict
 from pareto.store.writes import nightly_record
 
@@ -123,6 +123,29 @@ def trial_metrics(engine: Engine, trial_id: int, env_id: int) -> Metrics | None:
         here = [m for m in rows if m.environment_id == env_id]
         chosen = here or list(rows)
         return Metrics.from_row(chosen[-1]) if chosen else None
+
+
+def save_load_run(engine: Engine, measurement_id: int, run_id: int | None, load: dict[str, Any]) -> None:
+    """A load run of the configuration of measurement ``measurement_id`` (its trial, in its environment):
+    ``load`` is ``pareto.measure.load.LoadRun.to_dict()``."""
+    with session_scope(engine) as session:
+        m = session.get(Measurement, measurement_id)
+        if m is None:
+            raise StoreError(f"measurement {measurement_id} is not stored")
+        session.add(
+            LoadRun(
+                trial_id=m.trial_id,
+                environment_id=m.environment_id,
+                run_id=run_id,
+                qps=load["qps"],
+                max_batch=load["max_batch"],
+                max_wait_ms=load["max_wait_ms"],
+                request_p99_upper_ms=load.get("p99_upper_ms"),
+                kept_up=load["kept_up"],
+                valid=load["valid"],
+                summary=load,
+            )
+        )
 
 
 def baseline_trial(engine: Engine, study_id: int, batch_size: int, env_id: int) -> int | None:

@@ -15,6 +15,8 @@ from pareto.errors import BaselineFailed, MachineBusy, TechniqueError, Transient
 from pareto.measure.roofline import achieved_fraction, ceiling_suspect, roofline_bound_ms
 from pareto.measure.roofline import regime as regime_of
 from pareto.metrics import METHOD_SEPARATOR, Metrics
+from pareto.study.traffic import method as method_at_traffic
+from pareto.study.traffic import service_times, traffic_fields
 
 if TYPE_CHECKING:
     from torch import nn
@@ -22,7 +24,7 @@ if TYPE_CHECKING:
     from pareto.machine import HardwareProfile
     from pareto.measure.latency import LatencyResult, RoundPlan
     from pareto.measure.probe import ContentionProbe
-    from pareto.spec import Measure
+    from pareto.spec import Measure, Traffic
     from pareto.task import Task
 
 
@@ -266,6 +268,8 @@ def assess(
     baseline_theoretical_bytes: int,
     probe: ContentionProbe | None = None,
     reject_above_ms: float | None = None,
+    traffic: Traffic | None = None,
+    seed: int = 0,
 ) -> Assessment:
     """Apply ``config`` to a copy of the task's model and measure accuracy, latency, memory and compute.
 
@@ -315,6 +319,8 @@ def assess(
             slo_ms=slo_ms,
             profile=profile,
             baseline_theoretical_bytes=baseline_theoretical_bytes,
+            traffic=traffic,
+            seed=seed,
         )
     result.compress_s, result.compile_s, result.latency_s = compress_s, compile_s, latency_s
     return result
@@ -332,8 +338,11 @@ def complete(
     slo_ms: float | None,
     profile: HardwareProfile | None,
     baseline_theoretical_bytes: int,
+    traffic: Traffic | None = None,
+    seed: int = 0,
 ) -> Assessment:
-    """Everything after the latency: accuracy, memory, compute, the roofline, the throughput sweep.
+    """Everything after the latency: accuracy, memory, compute, the roofline, the throughput sweep, and
+    at a request rate (``traffic.qps``) the smaller batches' call times and the queue simulated on them.
 
     Raises:
         TechniqueError: the model could not be evaluated or measured.
@@ -362,6 +371,9 @@ def complete(
             raise
         except Exception as exc:  # e.g. a served graph whose batch axis is fixed: the trial fails, reason kept
             raise Transient(f"{config.describe()}: the throughput sweep failed: {type(exc).__name__}: {exc}") from exc
+    if traffic is not None and traffic.qps is not None and slo_ms is not None:
+        fields.update(_at_traffic(served, task, config, latency, traffic, slo_ms, seed, device, threads, measure))
+        fields["method"] = METHOD_SEPARATOR.join([fields["method"], method_at_traffic(traffic, slo_ms, seed)])
     return Assessment(config, Metrics(**fields), 0.0, None, latency.elapsed_s, accuracy_s, notes, suspect)
 
 
@@ -459,6 +471,32 @@ def _sweep(
     fields["throughput_curve"] = curve.to_dict()["points"]
     fields["saturation_batch"] = curve.saturation_batch
     fields["max_batch_within_slo"] = curve.max_batch_within_slo
+
+
+def _at_traffic(
+    served: Served,
+    task: Task,
+    config: Config,
+    latency: LatencyResult,
+    traffic: Traffic,
+    slo_ms: float,
+    seed: int,
+    device: str,
+    threads: int,
+    measure: Measure,
+) -> dict[str, Any]:
+    """The traffic fields of ``Metrics`` (``pareto.study.traffic``): the buckets timed, the queue simulated."""
+    try:
+        service, rows = service_times(
+            served, task, config.batch_size, latency, device=device, threads=threads, measure=measure, traffic=traffic
+        )
+    except (UsageError, MachineBusy):
+        raise
+    except Exception as exc:  # a served graph whose batch axis is fixed: the trial fails, reason kept
+        why = f"{type(exc).__name__}: {exc}"
+        raise TechniqueError(f"{config.describe()}: a smaller batch could not be timed: {why}") from exc
+    fields = traffic_fields(service, config.batch_size, traffic, slo_ms, seed=seed, confidence=measure.confidence)
+    return {**fields, "service_curve": rows}
 
 
 def _finite_or_none(value: float | None) -> float | None:

@@ -20,7 +20,7 @@ from pareto.errors import MachineBusy, NoFeasibleConfiguration, UsageError
 from pareto.front import DEFAULT_OBJECTIVE_NAMES, Candidate, frontier, objective_metrics, select_best
 from pareto.limits import Constraints, constraint_gaps, p99_verdict
 from pareto.locks import gpu_work
-from pareto.metrics import FIELD_NAMES, Metrics
+from pareto.metrics import Metrics
 from pareto.slo import P99_BOUND_METRIC
 from pareto.store import storage
 from pareto.store.reads import Reader, reading
@@ -204,7 +204,7 @@ def _entries(
     """(trial id, the pick or None for a baseline, its stored metrics, its configuration) to time."""
     entries: list[tuple[int, Candidate | None, Metrics, Config]] = []
     for pick in picks:
-        stored = Metrics(**{k: pick.metrics[k] for k in FIELD_NAMES})
+        stored = Metrics.from_dict(pick.metrics)
         if pick.environment.get("key") not in (None, here):
             blank: dict[str, Any] = dict.fromkeys(MACHINE_FIELDS)
             stored = dataclasses.replace(stored, **blank)

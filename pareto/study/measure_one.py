@@ -11,7 +11,7 @@ from pareto.front import Candidate
 from pareto.limits import p99_verdict
 from pareto.locks import gpu_work
 from pareto.machine import environment_key
-from pareto.metrics import FIELD_NAMES, Metrics
+from pareto.metrics import Metrics
 from pareto.slo import DEFAULT_ROUNDS, MIN_CONFIDENCE
 from pareto.spec import Measure
 from pareto.store.engine import resolve_url
@@ -140,7 +140,7 @@ def remeasure_trial(
     latencies = [
         latency for _, latency in time_together(bench, configs, plan=round_plan(settings, None), probe=run.probe)
     ]
-    now = remeasured(Metrics(**{k: before.metrics[k] for k in FIELD_NAMES}), latencies[0])
+    now = remeasured(Metrics.from_dict(before.metrics), latencies[0])
     store_measurement(bench, run, trial_id, now, kind="remeasure")
     base_now, notes = now, []
     base_stored = stored_metrics(bench, base_id) if len(latencies) > 1 and base_id is not None else None

@@ -42,6 +42,8 @@ class SearchResult:
     exhausted: str | None = None
     #: workers (their numbers) that ended on an error: their share of the trials was not run
     failed_workers: list[int] = field(default_factory=list)
+    #: at a request rate: the load run of the baseline at the pick's batch size (the pick's is its ``load_run``)
+    baseline_load_run: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """What ``pareto search --json`` prints and a worker hands its parent (the constraints are the
@@ -62,6 +64,7 @@ class SearchResult:
             "stopped_busy": self.stopped_busy,
             "failed_workers": self.failed_workers,
             "confirmation": self.confirmation.to_dict() if self.confirmation else None,
+            **({"baseline_load_run": self.baseline_load_run} if self.baseline_load_run else {}),
         }
 
     @classmethod
@@ -85,4 +88,5 @@ class SearchResult:
             sampler=data["sampler"],
             exhausted=data["exhausted"],
             failed_workers=data.get("failed_workers", []),
+            baseline_load_run=data.get("baseline_load_run"),
         )

@@ -57,6 +57,7 @@ from pareto.study.bench import (
 )
 from pareto.study.claims import Claims, Twin
 from pareto.study.confirmation import ConfirmResult, confirm_pick, load_candidates
+from pareto.study.load_runs import confirm_at_rate, describe_load
 from pareto.study.result import SearchResult, TrialOutcome
 from pareto.study.samplers import FLAT, failed_values, failure_gaps, make_sampler, space_size, start_trial, suggest
 from pareto.study.samplers import grid as grid_of
@@ -69,6 +70,7 @@ from pareto.study.studies import (
     optuna_storage,
     stored_sampler,
 )
+from pareto.study.traffic import DEFAULT_MAX_BATCHES
 from pareto.task import load_task
 
 #: After a trial the contention guard gave up on, wait this long at most for the machine to quiet
@@ -152,6 +154,8 @@ def run_search(spec: SearchSpec, *, db_url: str, reporter: Reporter | None = Non
         interrupted=loop.interrupted,
         confirmation=confirmation,
     )
+    if setup.spec.traffic.qps and result.best is not None and not (loop.interrupted or loop.stopped_busy):
+        result.baseline_load_run = _load_runs(setup, run, result.best, reporter)
     result.stopped_busy = loop.stopped_busy
     result.repeats = sum(o.state == TrialState.DUPLICATE for o in outcomes)
     result.rejected = sum(o.state == TrialState.PRUNED for o in outcomes)
@@ -179,7 +183,7 @@ def prepare(spec: SearchSpec, db_url: str, reporter: Reporter) -> SearchSetup:
         previous = stored_sampler(w, spec.study_name)
         study_row = get_or_create_study(w, spec)
         study_id, stored = study_row.id, w.trial_count(study_row)
-    batch_sizes = spec.space.batch_size or [task.batch_size]
+    batch_sizes = spec.space.batch_size or (DEFAULT_MAX_BATCHES if spec.traffic.qps else [task.batch_size])
     techniques = steer_space(
         bench,
         study_id,
@@ -501,6 +505,26 @@ def confirm_search(setup: SearchSetup, run: RunHandle, reporter: Reporter) -> Co
     return result
 
 
+def _load_runs(setup: SearchSetup, run: RunHandle, pick: Candidate, reporter: Reporter) -> dict[str, Any] | None:
+    """At a request rate: the pick and its baseline in real load runs (``pareto.study.traffic``), said."""
+    slo = setup.constraints.p99_ms or 0.0
+    with gpu_work(setup.bench.device, what=f"study {setup.spec.study_name!r}: load runs"):
+        load, base = confirm_at_rate(
+            setup.bench,
+            setup.study_id,
+            setup.spec.traffic,
+            pick,
+            seed=setup.spec.search.seed or 0,
+            run_id=run.run_id,
+        )
+    rate = f"{setup.spec.traffic.qps:,.4g} requests/s"
+    reporter.notice(f"Load run of the pick (trial {pick.trial}) at {rate}: {describe_load(load, slo)}.")
+    if base is None:
+        return None
+    reporter.notice(f"Load run of the baseline at the same batch size at {rate}: {describe_load(base, slo)}.")
+    return base
+
+
 def search_result(
     setup: SearchSetup,
     *,
@@ -594,6 +618,8 @@ class _Objective:
             baseline_theoretical_bytes=self.setup.baseline_theoretical_bytes,
             probe=self.run.probe,
             reject_above_ms=slo if self.setup.spec.search.early_reject and not config.is_baseline else None,
+            traffic=self.setup.spec.traffic,
+            seed=self.setup.spec.search.seed or 0,
         )
         unmeasured = [
             metric

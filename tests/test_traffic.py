@@ -1,0 +1,173 @@
+"""A study at a request rate (``--qps``), end to end on every database: the trials' traffic figures, the
+capacity, the load runs after the search, and the read side judging a rate from the database."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+import pareto
+from pareto.errors import UsageError
+from pareto.front import select_best
+from pareto.limits import Constraints, Limits, evaluate
+from pareto.metrics import TRAFFIC_FIELDS, Metrics
+from pareto.spec import SearchSpec
+from pareto.store import storage
+from pareto.store.engine import open_engine
+from pareto.study.search import run_search
+from pareto.study.traffic import batchers, waits_ms
+from tests.test_cli import one_sentence
+from tests.test_cli import pareto as run_cli
+
+#: a rate the tiny task serves well within its capacity on any machine (a call takes tens of µs)
+QPS = 200.0
+
+
+def spec(**changes: object) -> SearchSpec:
+    data = {
+        "task": "tests.tiny_task:make_task",
+        "study": "traffic",
+        "slo": {"p99": "50ms"},
+        "traffic": {"qps": f"{QPS:g}/s", "requests": 1000, "sweep_samples": 40, "load_requests": 800},
+        "search": {"n_trials": 3, "seed": 1, "confirm_top": 0},
+        "measure": {"device": "cpu", "threads": 1, "warmup": 5, "samples": 80, "rounds": 4, "contention_limit": None},
+        "space": {"batch_size": [1, 4], "techniques": {"prune_structured": {"ratio": [0.25, 0.5]}}},
+    }
+    data.update(changes)
+    return SearchSpec.model_validate(data)
+
+
+def test_a_rate_needs_an_slo_and_makes_capacity_an_objective() -> None:
+    with pytest.raises(ValidationError, match="needs a P99 SLO"):
+        SearchSpec.model_validate({"traffic": {"qps": "800/s"}})
+    s = SearchSpec.model_validate({"slo": {"p99": "7ms"}, "traffic": {"qps": "800/s"}})
+    assert s.traffic.qps == 800.0 and s.objectives == ["accuracy", "capacity"]
+    assert s.constraints().qps == 800.0
+    named = SearchSpec.model_validate({"slo": {"p99": "7ms"}, "traffic": {"qps": "800/s"}, "objectives": ["accuracy"]})
+    assert named.objectives == ["accuracy"]
+    assert SearchSpec().traffic.qps is None and SearchSpec().objectives == ["accuracy", "p99"]
+
+
+def test_the_waits_tried_are_fractions_of_the_slo_unless_listed() -> None:
+    s = SearchSpec.model_validate({"slo": {"p99": "8ms"}, "traffic": {"qps": "10/s"}})
+    assert waits_ms(s.traffic, 8.0) == [0.0, 0.5, 1.0, 2.0, 4.0]
+    assert [b.max_wait_ms for b in batchers(1, s.traffic, 8.0)] == [0.0]  # one request never waits for another
+    listed = SearchSpec.model_validate({"slo": {"p99": "8ms"}, "traffic": {"qps": "10/s", "max_wait": ["1ms", "0ms"]}})
+    assert [(b.max_batch, b.max_wait_ms) for b in batchers(8, listed.traffic, 8.0)] == [(8, 0.0), (8, 1.0)]
+
+
+def _metrics(**traffic: object) -> dict[str, object]:
+    base = {
+        "accuracy": 0.9,
+        "batch_size": 4,
+        "latency_p99_upper_ms": 40.0,
+        "samples": 1000,
+        "memory_bytes": 10,
+        "throughput_per_s": 100.0,
+    }
+    return {**base, **traffic}
+
+
+def test_at_a_rate_the_capacity_decides_not_one_calls_p99() -> None:
+    at_rate = Constraints(p99_ms=7.0, qps=800.0)
+    assert [limit.name for limit, _ in at_rate.set()] == ["qps"]  # the call's own P99 (40 ms) is not the limit
+    ok = evaluate(_metrics(scenario="server", qps=800.0, capacity_qps=900.0), at_rate)
+    assert ok.feasible and ok.p99_verdict == "met"
+    service = [{"batch": 1, "p99_ms": 2.0}]
+    over = evaluate(
+        _metrics(scenario="server", qps=800.0, capacity_qps=450.0, request_p99_upper_ms=31.0, service_curve=service),
+        at_rate,
+    )
+    assert not over.feasible and over.p99_verdict == "missed"
+    assert "over its capacity of 450/s" in over.violations[0] and "31.00 ms" in over.violations[0]
+    assert "alone (one request, nothing queued) its call's P99 is 2.00 ms, within the SLO" in over.violations[0]
+    none = evaluate(_metrics(scenario="server", capacity_qps=None), at_rate)
+    assert not none.feasible and "no capacity" in none.violations[0]
+    assert "qps" not in Constraints(p99_ms=7.0).to_dict()  # single-stream answers keep their keys
+    assert Constraints(p99_ms=7.0, qps=5.0).to_dict()["qps"] == 5.0
+
+
+def test_a_rate_is_asked_of_a_study_searched_at_one_and_at_its_slo() -> None:
+    single = {"slo": {"p99": 7.0}}
+    with pytest.raises(UsageError, match="searched one call at a time"):
+        Limits(qps="800/s").constraints(single)
+    at_rate = {"slo": {"p99": 7.0}, "traffic": {"qps": 800.0}}
+    assert Limits().constraints(at_rate).qps == 800.0  # the study's own rate by default
+    assert Limits(qps=1000).constraints(at_rate).qps == 1000.0
+    with pytest.raises(UsageError, match="found at its SLO of 7.00 ms, not at 5.00 ms"):
+        Limits(slo_p99="5ms").constraints(at_rate)
+    with pytest.raises(UsageError, match="must be positive"):
+        Limits(qps="-3/s").given()
+
+
+def test_single_stream_metrics_leave_the_traffic_fields_out() -> None:
+    fields = {"accuracy": 1.0, "batch_size": 1, "latency_mean_ms": 1.0, "latency_p50_ms": 1.0}
+    fields |= {"latency_p90_ms": 1.0, "latency_p99_ms": 1.0, "latency_p999_ms": 1.0, "p99_p50_ratio": 1.0}
+    fields |= {"samples": 1, "warmup": 0, "confidence": 0.99, "method": "m", "throughput_per_s": 1.0}
+    fields |= {"params_bytes": 1, "theoretical_bytes": 1, "compression_ratio": 1.0}
+    single = Metrics(**fields).to_dict()  # type: ignore[arg-type]
+    assert not set(TRAFFIC_FIELDS) & set(single)
+    served = Metrics(**fields, scenario="server", qps=5.0).to_dict()  # type: ignore[arg-type]
+    assert set(TRAFFIC_FIELDS) <= set(served)
+
+
+def test_a_search_at_a_rate_stores_capacity_and_load_runs_and_reads_answer_at_a_rate(db_url: str) -> None:
+    result = run_search(spec(), db_url=db_url)
+    assert result.best is not None
+    m = result.best.metrics
+    assert m["scenario"] == "server" and m["qps"] == QPS
+    assert m["capacity_qps"] > QPS and m["request_p99_upper_ms"] <= 50.0
+    assert m["max_batch"] == result.best.config["batch_size"] and m["max_wait_ms"] in (0.0, 3.125, 6.25, 12.5, 25.0)
+    assert m["service_curve"][0]["batch"] == 1
+    assert any(point["qps"] == QPS for point in m["traffic_curve"])
+    load = result.best.load_run
+    assert load is not None and load["qps"] == QPS and load["requests"] > 0 and "generator" in load["method"]
+
+    engine = open_engine(db_url)
+    try:
+        everything = storage.study_candidates(engine, _study_id(engine), None)
+    finally:
+        engine.dispose()
+    for rate in (QPS, 0.5 * m["capacity_qps"], 2.0 * max(c.metrics["capacity_qps"] or 0 for c in everything)):
+        constraints = Constraints(p99_ms=50.0, qps=rate)
+        try:
+            expected = select_best(everything, constraints, study="traffic").trial
+        except Exception:
+            expected = None
+        try:
+            found = pareto.best(study="traffic", qps=rate, db=db_url)["trial"]
+        except Exception:
+            found = None
+        assert found == expected, rate  # the database's SQL and the Python rule agree
+    answer = pareto.best(study="traffic", db=db_url)
+    assert answer["slo"]["qps"] == QPS and answer["load_run"]["qps"] == QPS
+    front = pareto.frontier(study="traffic", db=db_url)
+    assert front and all("capacity_qps" in c["metrics"] for c in front)
+
+
+def _study_id(engine: object) -> int:
+    from sqlalchemy import select
+
+    from pareto.store.engine import session_scope
+    from pareto.store.models import Study
+
+    with session_scope(engine) as session:  # type: ignore[arg-type]
+        return int(session.scalar(select(Study.id).where(Study.name == "traffic")))  # type: ignore[arg-type]
+
+
+def test_the_cli_answers_a_rate_and_refuses_one_a_study_cannot_answer(db_url: str, tmp_path: Path) -> None:
+    run_search(spec(), db_url=db_url)
+    ok = run_cli("best", "--db", db_url, "--json", "--qps", f"{QPS:g}/s", cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["slo"]["qps"] == QPS
+    table = run_cli("best", "--db", db_url, cwd=tmp_path)
+    assert table.returncode == 0 and "capacity" in table.stdout and "load run" in table.stdout
+    far = run_cli("best", "--db", db_url, "--qps", "100000000/s", cwd=tmp_path)
+    assert far.returncode == 1 and "over its capacity" in one_sentence(far)
+    other = run_cli("best", "--db", db_url, "--slo-p99", "5ms", "--qps", "10/s", cwd=tmp_path)
+    assert other.returncode == 2 and "found at its SLO" in one_sentence(other)
+    bad = run_cli("best", "--db", db_url, "--qps", "fast", cwd=tmp_path)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
