@@ -1,14 +1,14 @@
 """A real load run: Poisson requests sent on a schedule to a dynamic batcher that calls the served model,
 each request timed from its scheduled arrival to its batch's completion.
 
-Three threads: a generator issues request ``i`` at ``t0 + arrivals[i]`` (it sleeps until shortly before,
-then spins), a batcher runs the policy of ``pareto.measure.queue`` (one batch at a time; a full batch at
-once, otherwise what is queued at the oldest request's arrival + max wait or when the queue fills) and
-calls ``call(bucket)``, and the caller's thread waits for both. The numbers include what a Python server
-adds: thread wake-ups, the GIL, the generator's own lateness (reported as the issue lag: a request is
-timed from its scheduled arrival, so a late generator can only add to its latency). LoadGen's rule
-decides whether the run counts: the queue did not grow (the system kept up with the offered rate), and
-enough requests were timed for the one-sided P99 bound.
+Three threads: a generator issues request ``i`` at ``t0 + arrivals[i]`` (it sleeps until then; with
+``spin_s`` it sleeps until shortly before and spins), a batcher runs the policy of ``pareto.measure.queue``
+(one batch at a time; a full batch at once, otherwise what is queued at the oldest request's arrival +
+max wait or when the queue fills) and calls ``call(bucket)``, and the caller's thread waits for both.
+The numbers include what a Python server adds: thread wake-ups, the GIL, the generator's own lateness
+(reported as the issue lag: a request is timed from its scheduled arrival, so a late generator can only
+add to its latency). LoadGen's rule decides whether the run counts: the queue did not grow (the system
+kept up with the offered rate), and enough requests were timed for the one-sided P99 bound.
 """
 
 from __future__ import annotations
@@ -32,9 +32,11 @@ from pareto.slo import min_samples_for_upper_bound
 
 __all__ = ["LoadRun", "fixed_time_call", "load_run"]
 
-#: The generator sleeps until this long before an arrival, then spins (a sleep overshoots by 0.1-0.2 ms,
-#: more on a busy machine).
-GENERATOR_SPIN_S = 0.5e-3
+#: By default the generator sleeps until each arrival and does not spin: a sleep overshoots by 0.05-0.2 ms
+#: (counted: a request is timed from its scheduled arrival), where a spinning generator takes a core from
+#: the model (on 2 vCPUs at 3 000 requests/s the demo pick's P99 was 30 ms with a 0.5 ms spin, 8 ms
+#: without). A stub model, which needs no core, can be sent an exact schedule with ``spin_s``.
+DEFAULT_SPIN_S = 0.0
 #: The stub model sleeps its service time less this much, then spins.
 STUB_SPIN_S = 0.5e-3
 #: Untimed calls per bucket before the schedule starts.
@@ -78,6 +80,15 @@ class LoadRun:
     requests: Requests = field(repr=False, compare=False)
     issue_s: np.ndarray = field(repr=False, compare=False)
 
+    def call_ms(self) -> dict[str, float]:
+        """The mean time of a batch's call during the run, by bucket (ms): beside the same calls timed alone,
+        what serving under load costs the model (the other threads, the cores they share)."""
+        req = self.requests
+        first = np.flatnonzero(np.diff(np.concatenate([[-np.inf], req.start_s])) > 0)  # one request per batch
+        spent = (req.done_s[first] - req.start_s[first]) * 1e3
+        bucket = np.array([self.batcher.bucket(int(n)) for n in req.batch[first]])
+        return {str(b): float(spent[bucket == b].mean()) for b in sorted(set(bucket.tolist()))}
+
     def to_dict(self) -> dict[str, Any]:
         """The rate, the batcher's settings, the summary's fields and the run's checks, flat."""
         return {
@@ -93,6 +104,7 @@ class LoadRun:
             "valid": self.valid,
             "reason": self.reason,
             "batches": self.batches,
+            "call_ms": self.call_ms(),
             "elapsed_s": self.elapsed_s,
             "method": self.method,
         }
@@ -155,18 +167,19 @@ class _Run:
         self.error: BaseException | None = None
         self.batches = 0
         self.timeout_s = timeout_s
+        self.spin_s = DEFAULT_SPIN_S
         self.t0 = 0.0
         self.elapsed_s = 0.0
 
     def generate(self) -> None:
-        """Issue each request at its scheduled time: sleep until ``GENERATOR_SPIN_S`` before, then spin."""
+        """Issue each request at its scheduled time: sleep until ``spin_s`` before, then spin."""
         clock, cond, queue, top = time.perf_counter, self.cond, self.queue, self.batcher.max_batch
         try:
             for i, at in enumerate(self.arrivals):
                 if self.timeout_s is not None and at > self.timeout_s:
                     break
                 target = self.t0 + at
-                rest = target - clock() - GENERATOR_SPIN_S
+                rest = target - clock() - self.spin_s
                 if rest > 0 and self.stop.wait(rest):
                     break
                 _spin_until(target)
@@ -277,9 +290,12 @@ def _warm(call: Callable[[int], object], batcher: Batcher) -> None:
             call(bucket)
 
 
-def _timed(call: Callable[[int], object], times: np.ndarray, batcher: Batcher, timeout_s: float | None) -> _Run:
+def _timed(
+    call: Callable[[int], object], times: np.ndarray, batcher: Batcher, timeout_s: float | None, spin_s: float
+) -> _Run:
     """Warm up, then run the schedule with the garbage collector off and a short GIL switch interval."""
     run = _Run(call, times.tolist(), batcher, timeout_s)
+    run.spin_s = spin_s
     interval = sys.getswitchinterval()
     was_enabled = gc.isenabled()
     gc.collect()
@@ -303,6 +319,7 @@ def load_run(
     confidence: float,
     warmup: int | None = None,
     timeout_s: float | None = None,
+    spin_s: float = DEFAULT_SPIN_S,
 ) -> LoadRun:
     """Send requests to ``call`` at the times of ``arrivals`` (seconds from 0) through ``batcher``'s policy
     and time each from its scheduled arrival to its batch's completion (``time.perf_counter``).
@@ -312,6 +329,7 @@ def load_run(
     ``warmup`` requests (default one in twenty) are left out of the summary. ``timeout_s`` stops the run
     that many seconds into the schedule: no request is issued and no batch started after it, and the
     run is not valid. The garbage collector is off during the run and the GIL switch interval 50 µs.
+    ``spin_s``: the generator spins this long before each arrival (``DEFAULT_SPIN_S``: it sleeps only).
 
     Raises:
         UsageError: a malformed schedule, confidence, warmup or timeout. What ``call`` raises is raised
@@ -322,7 +340,9 @@ def load_run(
     if not callable(call):
         raise UsageError("call must be a function of the bucket size that runs one batch.")
     times, skip = _check_inputs(arrivals, confidence, warmup, timeout_s)
-    run = _timed(call, times, batcher, timeout_s)
+    if not 0 <= spin_s < 0.1:
+        raise UsageError(f"spin_s must be between 0 and 0.1 s, got {spin_s!r}.")
+    run = _timed(call, times, batcher, timeout_s, spin_s)
     return _result(run, times, batcher, float(confidence), skip)
 
 
@@ -364,7 +384,7 @@ def _result(run: _Run, times: np.ndarray, batcher: Batcher, confidence: float, s
         reason=reason,
         batches=run.batches,
         elapsed_s=run.elapsed_s,
-        method=_method(batcher, skip),
+        method=_method(batcher, skip, run.spin_s),
         requests=requests,
         issue_s=issue[:completed],
     )
@@ -399,10 +419,11 @@ def _reason(
     return None
 
 
-def _method(batcher: Batcher, skip: int) -> str:
+def _method(batcher: Batcher, skip: int, spin_s: float) -> str:
+    issue = f"sleep, then spin the last {spin_s * 1e3:g} ms" if spin_s else "sleeping until each arrival"
     return (
-        f"a generator thread issues Poisson requests on schedule (sleep, then spin the last "
-        f"{GENERATOR_SPIN_S * 1e3:g} ms) to a batcher thread ({batcher.describe()}, threading.Condition) that "
+        f"a generator thread issues Poisson requests on schedule ({issue}) to a batcher thread "
+        f"({batcher.describe()}, threading.Condition) that "
         f"calls the model at the batch's bucket; latency = completion − scheduled arrival (time.perf_counter), "
         f"so Python's thread wake-ups and the GIL are included (switch interval {SWITCH_INTERVAL_S * 1e6:g} µs, "
         f"gc off); {WARMUP_CALLS} untimed calls per bucket first, the first {skip} requests left out"
