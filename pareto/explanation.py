@@ -100,7 +100,15 @@ def _needs(c: Candidate, constraints: Constraints) -> dict[str, Any]:
     """What ``c`` would need to qualify, and the limits under which it would."""
     m, needs, relaxed = c.metrics, [], {}
     upper = m.get(P99_BOUND_METRIC)
-    if constraints.p99_ms is not None:
+    capacity = m.get("capacity_qps") or 0.0
+    if constraints.qps is not None and capacity < constraints.qps:  # at a rate: the capacity, not one call's P99
+        needs.append(
+            f"{constraints.qps - capacity:,.0f} requests/s more capacity within {format_ms(constraints.p99_ms or 0)} "
+            f"({capacity:,.0f}/s now, the rate is {constraints.qps:,.0f}/s)"
+        )
+        if capacity > 0:
+            relaxed["qps"] = capacity
+    elif constraints.p99_ms is not None and constraints.qps is None:
         if upper is None or int(m.get("samples") or 0) < constraints.min_samples:
             needs.append(f"more timed calls to bound its P99 (has {m.get('samples')}, needs {constraints.min_samples})")
         elif upper > constraints.p99_ms:

@@ -296,6 +296,10 @@ class Traffic(_Strict):
     sweep_samples: int = Field(default=200, ge=20)
     #: requests of each confirming load run (pick and baseline, after the search)
     load_requests: int = Field(default=3000, ge=MIN_SAMPLES_P99)
+    #: after the trials, load-run the pick and its baseline (a worker leaves it to the parent)
+    load_runs: bool = True
+    #: the arrivals' seed: every configuration of the study is simulated and load-run on the same schedule
+    seed: int = 0
 
     @field_validator("max_wait")
     @classmethod

@@ -146,6 +146,14 @@ def test_a_search_at_a_rate_stores_capacity_and_load_runs_and_reads_answer_at_a_
     assert answer["slo"]["qps"] == QPS and answer["load_run"]["qps"] == QPS
     front = pareto.frontier(study="traffic", db=db_url)
     assert front and all("capacity_qps" in c["metrics"] for c in front)
+    with pytest.raises(UsageError, match="found its capacities at P99 ≤ 50.00 ms"):
+        run_search(spec(slo={"p99": "40ms"}), db_url=db_url)
+    with pytest.raises(UsageError, match="was searched at 200 requests/s"):
+        run_search(spec(traffic={}), db_url=db_url)
+    far = 2.0 * max(c.metrics["capacity_qps"] or 0 for c in everything)
+    why = pareto.explain(study="traffic", qps=far, db=db_url)
+    needs = [n for item in why["nearest"] for n in item["needs"]]
+    assert needs and all("requests/s more capacity" in n for n in needs)
 
 
 def _study_id(engine: object) -> int:

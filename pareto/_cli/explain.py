@@ -70,4 +70,6 @@ def _relaxed(key: str, value: float) -> str:
         return f"--min-accuracy {math.floor(value * 10**digits) / 10**digits:g}"
     if key == "max_memory_bytes":
         return f"--max-memory {int(value)}"
+    if key == "qps":  # rounded down, so that the capacity really is above it
+        return f"--qps {math.floor(value):d}/s"
     return f"a throughput floor of {value:,.0f}/s"

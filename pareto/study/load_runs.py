@@ -185,12 +185,7 @@ def load_study(
         if not found:
             raise UsageError(f"Trial {trial} of study {study.name!r} has no measurement in this environment to serve.")
         candidate = found[0]
-    seed, count, slo, m = (
-        int((study.spec.get("search") or {}).get("seed") or 0),
-        requests or traffic.load_requests,
-        constraints.p99_ms,
-        candidate.metrics,
-    )
+    seed, count, slo, m = traffic.seed, requests or traffic.load_requests, constraints.p99_ms, candidate.metrics
     head = {"study": study.name, "trial": candidate.trial, "description": candidate.description, "slo_ms": slo}
     if not capacity:
         run = Target(bench, candidate).run(constraints.qps, count, seed=seed, run_id=None)

@@ -154,8 +154,8 @@ def run_search(spec: SearchSpec, *, db_url: str, reporter: Reporter | None = Non
         interrupted=loop.interrupted,
         confirmation=confirmation,
     )
-    if setup.spec.traffic.qps and result.best is not None and not (loop.interrupted or loop.stopped_busy):
-        result.baseline_load_run = _load_runs(setup, run, result.best, reporter)
+    if not (loop.interrupted or loop.stopped_busy):
+        result.baseline_load_run = load_run_pick(setup, run, result.best, reporter)
     result.stopped_busy = loop.stopped_busy
     result.repeats = sum(o.state == TrialState.DUPLICATE for o in outcomes)
     result.rejected = sum(o.state == TrialState.PRUNED for o in outcomes)
@@ -505,8 +505,14 @@ def confirm_search(setup: SearchSetup, run: RunHandle, reporter: Reporter) -> Co
     return result
 
 
-def _load_runs(setup: SearchSetup, run: RunHandle, pick: Candidate, reporter: Reporter) -> dict[str, Any] | None:
-    """At a request rate: the pick and its baseline in real load runs (``pareto.study.traffic``), said."""
+def load_run_pick(
+    setup: SearchSetup, run: RunHandle, pick: Candidate | None, reporter: Reporter
+) -> dict[str, Any] | None:
+    """At a request rate: the pick and its baseline in real load runs (``pareto.study.load_runs``), said;
+    the baseline's run returned (the pick's is its ``load_run``). Nothing without a rate or a pick."""
+    traffic = setup.spec.traffic
+    if traffic.qps is None or not traffic.load_runs or pick is None:
+        return None
     slo = setup.constraints.p99_ms or 0.0
     with gpu_work(setup.bench.device, what=f"study {setup.spec.study_name!r}: load runs"):
         load, base = confirm_at_rate(
@@ -514,7 +520,7 @@ def _load_runs(setup: SearchSetup, run: RunHandle, pick: Candidate, reporter: Re
             setup.study_id,
             setup.spec.traffic,
             pick,
-            seed=setup.spec.search.seed or 0,
+            seed=traffic.seed,
             run_id=run.run_id,
         )
     rate = f"{setup.spec.traffic.qps:,.4g} requests/s"
@@ -619,7 +625,7 @@ class _Objective:
             probe=self.run.probe,
             reject_above_ms=slo if self.setup.spec.search.early_reject and not config.is_baseline else None,
             traffic=self.setup.spec.traffic,
-            seed=self.setup.spec.search.seed or 0,
+            seed=self.setup.spec.traffic.seed,
         )
         unmeasured = [
             metric

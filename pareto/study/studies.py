@@ -20,6 +20,7 @@ from pareto.store import storage
 from pareto.store.engine import check_path, engine_kwargs, existing_engine, immediate_transactions, open_engine, upgrade
 from pareto.store.records import StudyRecord
 from pareto.store.writes import STUDY_NAME_LENGTH, Writer, writing
+from pareto.units import format_ms
 
 HEARTBEAT_INTERVAL_S = 60
 
@@ -143,6 +144,7 @@ def get_or_create_study(w: Writer, spec: SearchSpec) -> StudyRecord:
         raise UsageError(
             f"Study {spec.study_name!r} belongs to task {row.task!r}, not {spec.task!r}; pick another --study name."
         )
+    _same_traffic(spec, row.spec)
     stored = ",".join(row.spec.get("objectives", DEFAULT_OBJECTIVE_NAMES))
     if stored != ",".join(spec.objectives):
         raise UsageError(
@@ -150,6 +152,26 @@ def get_or_create_study(w: Writer, spec: SearchSpec) -> StudyRecord:
             f"--objective {stored}, or pick another --study name."
         )
     return w.update_study(row, spec_json)  # the latest SLO and space; every trial keeps its own config
+
+
+def _same_traffic(spec: SearchSpec, stored: dict[str, Any]) -> None:
+    """A study is judged one call at a time or at a rate for good, and a study at a rate at one SLO: its
+    trials' capacities were found at it.
+
+    Raises:
+        UsageError: the spec changes either.
+    """
+    rate, was = spec.traffic.qps, (stored.get("traffic") or {}).get("qps")
+    name = spec.study_name
+    if (rate is None) != (was is None):
+        how = "one call at a time" if was is None else f"at {was:,.4g} requests/s"
+        raise UsageError(f"Study {name!r} was searched {how}; pick another --study name to search it the other way.")
+    slo = (stored.get("slo") or {}).get("p99")
+    if rate is not None and slo is not None and spec.slo.p99 != slo:
+        raise UsageError(
+            f"Study {name!r} found its capacities at P99 ≤ {format_ms(slo)}; continue it at that SLO, or pick another "
+            "--study name for another."
+        )
 
 
 def delete_study(name: str, *, db_url: str) -> dict[str, Any]:

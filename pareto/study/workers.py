@@ -33,6 +33,7 @@ from pareto.study.search import (
     confirm_search,
     enqueue_baselines,
     enqueue_start,
+    load_run_pick,
     optuna_study,
     prepare,
     search_result,
@@ -109,6 +110,8 @@ def run_workers(spec: SearchSpec, *, db_url: str, workers: int, reporter: Report
         interrupted=interrupted,
         confirmation=confirmation,
     )
+    if not (interrupted or stopped_busy):
+        result.baseline_load_run = load_run_pick(setup, run, result.best, reporter)
     result.stopped_busy = stopped_busy
     result.repeats = sum(r.repeats for r in results)
     result.rejected = sum(r.rejected for r in results)
@@ -140,7 +143,9 @@ def _start_worker(
     seed = spec.search.seed + number if spec.search.seed is not None else None
     search = spec.search.model_copy(update={"n_trials": share, "confirm_top": 0, "seed": seed})
     device, visible = placement
-    child = spec.model_copy(update={"search": search, "measure": spec.measure.model_copy(update={"device": device})})
+    measure = spec.measure.model_copy(update={"device": device})
+    traffic = spec.traffic.model_copy(update={"load_runs": False})  # the parent load-runs the pick, after
+    child = spec.model_copy(update={"search": search, "measure": measure, "traffic": traffic})
     path = folder / f"worker-{number}.json"
     path.write_text(json.dumps(child.model_dump(mode="json")))
     # the URL travels in the environment, which only its user can read: a command line, password
