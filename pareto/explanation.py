@@ -106,7 +106,7 @@ def _needs(c: Candidate, constraints: Constraints) -> dict[str, Any]:
             f"{constraints.qps - capacity:,.0f} requests/s more capacity within {format_ms(constraints.p99_ms or 0)} "
             f"({capacity:,.0f}/s now, the rate is {constraints.qps:,.0f}/s)"
         )
-        if capacity > 0:
+        if capacity >= 1:
             relaxed["qps"] = capacity
     elif constraints.p99_ms is not None and constraints.qps is None:
         if upper is None or int(m.get("samples") or 0) < constraints.min_samples:

@@ -362,7 +362,7 @@ class Limits:
                 "This study was searched one call at a time (no --qps): its configurations have no capacity "
                 "at a request rate; search a study with --qps to ask for one."
             )
-        if stored_rate is not None and given.p99_ms is not None and given.p99_ms != slo.get("p99"):
+        if stored_rate is not None and given.p99_ms is not None and not math.isclose(given.p99_ms, slo.get("p99") or 0):
             raise UsageError(
                 f"This study's capacities were found at its SLO of {format_ms(slo.get('p99') or 0)}, not at "
                 f"{format_ms(given.p99_ms)}; ask with that SLO, or search a study at the other one."

@@ -80,7 +80,7 @@ class Metrics:
     # revision 0011: the traffic scenario (None in a single-stream study, and left out of ``to_dict``)
     scenario: str | None = field(default=None, metadata=_str(16))  #: "server": requests arriving at ``qps``
     qps: float | None = None  #: the arrival rate (requests/s) the request latencies below are at
-    max_batch: int | None = None  #: the batcher's largest batch at ``qps`` (the best within the trial's)
+    max_batch: int | None = None  #: the batcher's largest batch (the trial's batch size)
     max_wait_ms: float | None = None  #: the batcher's longest wait for a batch to fill at ``qps``
     requests: int | None = None  #: simulated requests summarized
     request_p50_ms: float | None = None  #: per request: completion - arrival (queue, batch wait, service)

@@ -390,6 +390,8 @@ class SearchSpec(_Strict):
             raise ValueError(f"objectives list one twice: {self.objectives}")
         if not self.objectives:
             raise ValueError("objectives: give at least one")
+        if "capacity" in self.objectives and self.traffic.qps is None:
+            raise ValueError("the capacity objective needs a request rate (traffic.qps, --qps)")
         return self
 
     @model_validator(mode="after")

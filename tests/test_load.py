@@ -155,7 +155,7 @@ def test_the_batcher_thread_forms_batches_and_runs_them_at_their_bucket(
     # no batch smaller than 4 starts before its oldest request has waited 1 ms
     firsts = np.flatnonzero(np.diff(np.concatenate([[-1.0], req.start_s])) > 0)
     partial = firsts[req.batch[firsts] < 4]
-    assert (req.start_s[partial] - run.issue_s[partial] >= 1e-3 - 1e-9).all()
+    assert (req.start_s[partial] - req.arrival_s[partial] >= 1e-3 - 1e-9).all()
 
 
 def test_a_run_far_over_capacity_did_not_keep_up() -> None:

@@ -17,6 +17,7 @@ from pareto.metrics import TRAFFIC_FIELDS, Metrics
 from pareto.spec import SearchSpec
 from pareto.store import storage
 from pareto.store.engine import open_engine
+from pareto.study.load_runs import bisect_rate
 from pareto.study.search import run_search
 from pareto.study.traffic import batchers, waits_ms
 from tests.test_cli import one_sentence
@@ -49,6 +50,35 @@ def test_a_rate_needs_an_slo_and_makes_capacity_an_objective() -> None:
     named = SearchSpec.model_validate({"slo": {"p99": "7ms"}, "traffic": {"qps": "800/s"}, "objectives": ["accuracy"]})
     assert named.objectives == ["accuracy"]
     assert SearchSpec().traffic.qps is None and SearchSpec().objectives == ["accuracy", "p99"]
+    with pytest.raises(ValidationError, match="capacity objective needs a request rate"):
+        SearchSpec.model_validate({"objectives": ["accuracy", "capacity"]})
+
+
+@pytest.mark.parametrize(
+    ("limit", "low", "high", "expected"),
+    [
+        (100.0, 80.0, 125.0, 100.0),  # between the ends
+        (30.0, 80.0, 125.0, 30.0),  # below: halved until one meets, the miss the upper end
+        (600.0, 80.0, 125.0, 600.0),  # above: doubled until one misses
+        (5000.0, 80.0, 125.0, 1000.0),  # every doubling meets: the highest tried, never an untried rate
+        (1.0, 80.0, 125.0, None),  # even the lowest misses
+    ],
+)
+def test_the_load_run_capacity_bisects_on_rates_it_tried(
+    limit: float, low: float, high: float, expected: float | None
+) -> None:
+    tried: list[float] = []
+
+    def meets(rate: float) -> bool:
+        tried.append(rate)
+        return rate <= limit
+
+    found = bisect_rate(meets, low, high, rel_tol=0.01)
+    assert len(tried) == len(set(tried))  # no rate run twice
+    if expected is None:
+        assert found is None
+        return
+    assert found in tried and found <= limit and found == pytest.approx(expected, rel=0.02)
 
 
 def test_the_waits_tried_are_fractions_of_the_slo_unless_listed() -> None:
@@ -150,6 +180,8 @@ def test_a_search_at_a_rate_stores_capacity_and_load_runs_and_reads_answer_at_a_
         run_search(spec(slo={"p99": "40ms"}), db_url=db_url)
     with pytest.raises(UsageError, match="was searched at 200 requests/s"):
         run_search(spec(traffic={}), db_url=db_url)
+    with pytest.raises(UsageError, match="continue it at that rate"):
+        run_search(spec(traffic={"qps": "300/s"}), db_url=db_url)
     far = 2.0 * max(c.metrics["capacity_qps"] or 0 for c in everything)
     why = pareto.explain(study="traffic", qps=far, db=db_url)
     needs = [n for item in why["nearest"] for n in item["needs"]]

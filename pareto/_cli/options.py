@@ -77,7 +77,7 @@ def slo_options(func: Any) -> Any:
         "--qps",
         type=RATE,
         help="Requests per second arriving (Poisson), e.g. 800/s: the P99 is then every request's at that rate, "
-        "queued behind a dynamic batcher; needs --slo-p99.",
+        "queued behind a dynamic batcher (a search needs --slo-p99; a read takes the study's SLO and rate).",
     )(func)
     func = click.option("--slo-p99", type=DURATION, help="P99 latency bound, e.g. 7ms, 500us.")(func)
     return func

@@ -114,7 +114,8 @@ def choose(
         if any(gap > 0 for name, gap in gaps.items() if name != "p99_ms"):
             continue
         bound = c.metrics.get(P99_BOUND_METRIC)
-        if constraints.p99_ms is not None and (bound is None or bound > margin * constraints.p99_ms):
+        alone = constraints.p99_ms is not None and constraints.qps is None  # at a rate: its capacity judged above
+        if alone and (bound is None or bound > margin * (constraints.p99_ms or 0.0)):
             continue
         chosen.append(c)
     chosen.sort(key=lambda c: (-c.metrics["accuracy"], _bound_or_inf(c.metrics), c.trial))

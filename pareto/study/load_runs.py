@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from pareto.compress import Config
-from pareto.errors import UsageError
+from pareto.errors import ParetoError, TechniqueError, UsageError
 from pareto.front import select_best
 from pareto.locks import timing_lock
 from pareto.measure.load import load_run
@@ -92,25 +92,46 @@ class Target:
         runs: list[dict[str, Any]] = []
 
         def meets(rate: float) -> bool:
-            runs.append(self.run(rate, requests, seed=seed, run_id=None))
+            runs.append(self.run_checked(rate, requests, seed=seed, run_id=None))
             return _meets(runs[-1], slo_ms)
 
-        for _ in range(4):
-            if meets(low):
-                break
-            high, low = low, low / 2
-        else:
-            return None, runs
-        for _ in range(4):
+        return bisect_rate(meets, low, high, rel_tol=rel_tol), runs
+
+    def run_checked(self, rate: float, requests: int, *, seed: int, run_id: int | None) -> dict[str, Any]:
+        """``run``, a model that fails under load a ``TechniqueError`` with the reason (one sentence)."""
+        try:
+            return self.run(rate, requests, seed=seed, run_id=run_id)
+        except ParetoError:
+            raise
+        except Exception as exc:
+            raise TechniqueError(f"{self.description} failed in a load run: {type(exc).__name__}: {exc}") from exc
+
+
+def bisect_rate(
+    meets: Callable[[float], bool], low: float, high: float, *, rel_tol: float, widen: int = 4
+) -> float | None:
+    """The highest rate ``meets`` holds, by bisection on log(rate): ``low`` is halved (at most ``widen``
+    times) until it meets, each miss becoming the upper end; else ``high`` is doubled (at most ``widen``
+    times) until it misses; then the two ends close to ``rel_tol``. Every rate returned was tried and
+    met; None when none did. When every doubling met, the highest tried (a lower bound)."""
+    missed_high = False
+    for _ in range(widen + 1):
+        if meets(low):
+            break
+        high, low, missed_high = low, low / 2, True
+    else:
+        return None
+    if not missed_high:
+        for _ in range(widen):
             if not meets(high):
                 break
             low, high = high, high * 2
         else:
-            return high, runs
-        while high / low - 1 > rel_tol:
-            middle = (low * high) ** 0.5
-            low, high = (middle, high) if meets(middle) else (low, middle)
-        return low, runs
+            return low
+    while high / low - 1 > rel_tol:
+        middle = (low * high) ** 0.5
+        low, high = (middle, high) if meets(middle) else (low, middle)
+    return low
 
 
 def _load_timeout(arrivals: Any) -> float:
@@ -149,11 +170,11 @@ def confirm_at_rate(
         None,
     )
     assert traffic.qps is not None
-    load = Target(bench, pick).run(traffic.qps, traffic.load_requests, seed=seed, run_id=run_id)
+    load = Target(bench, pick).run_checked(traffic.qps, traffic.load_requests, seed=seed, run_id=run_id)
     pick.load_run = load
     if base is None or base.trial == pick.trial:
         return load, None
-    return load, Target(bench, base).run(traffic.qps, traffic.load_requests, seed=seed, run_id=run_id)
+    return load, Target(bench, base).run_checked(traffic.qps, traffic.load_requests, seed=seed, run_id=run_id)
 
 
 def load_study(
@@ -188,7 +209,7 @@ def load_study(
     seed, count, slo, m = traffic.seed, requests or traffic.load_requests, constraints.p99_ms, candidate.metrics
     head = {"study": study.name, "trial": candidate.trial, "description": candidate.description, "slo_ms": slo}
     if not capacity:
-        run = Target(bench, candidate).run(constraints.qps, count, seed=seed, run_id=None)
+        run = Target(bench, candidate).run_checked(constraints.qps, count, seed=seed, run_id=None)
         simulated = m.get("request_p99_upper_ms") if m.get("qps") == constraints.qps else None
         return {
             **head,

@@ -514,15 +514,14 @@ def load_run_pick(
     if traffic.qps is None or not traffic.load_runs or pick is None:
         return None
     slo = setup.constraints.p99_ms or 0.0
-    with gpu_work(setup.bench.device, what=f"study {setup.spec.study_name!r}: load runs"):
-        load, base = confirm_at_rate(
-            setup.bench,
-            setup.study_id,
-            setup.spec.traffic,
-            pick,
-            seed=traffic.seed,
-            run_id=run.run_id,
-        )
+    try:
+        with gpu_work(setup.bench.device, what=f"study {setup.spec.study_name!r}: load runs"):
+            load, base = confirm_at_rate(
+                setup.bench, setup.study_id, traffic, pick, seed=traffic.seed, run_id=run.run_id
+            )
+    except (TechniqueError, MachineBusy, UsageError) as exc:  # every trial is stored: the search's answer stands
+        reporter.notice(f"No load run now: {str(exc).rstrip('.')}; run 'pareto load' to try again.")
+        return None
     rate = f"{setup.spec.traffic.qps:,.4g} requests/s"
     reporter.notice(f"Load run of the pick (trial {pick.trial}) at {rate}: {describe_load(load, slo)}.")
     if base is None:
@@ -623,7 +622,8 @@ class _Objective:
             profile=self.bench.profile,
             baseline_theoretical_bytes=self.setup.baseline_theoretical_bytes,
             probe=self.run.probe,
-            reject_above_ms=slo if self.setup.spec.search.early_reject and not config.is_baseline else None,
+            # at a rate a largest batch over the SLO alone can still serve: smaller batches run at smaller buckets
+            reject_above_ms=slo if self._rejects_early(config) else None,
             traffic=self.setup.spec.traffic,
             seed=self.setup.spec.traffic.seed,
         )
@@ -635,6 +635,10 @@ class _Objective:
         if unmeasured:  # failed as a whole, in both tables, before anything is stored as complete
             raise TechniqueError(f"objective {', '.join(unmeasured)} could not be measured for this configuration")
         return result
+
+    def _rejects_early(self, config: Config) -> bool:
+        spec = self.setup.spec
+        return spec.search.early_reject and not config.is_baseline and spec.traffic.qps is None
 
     def _repeat(self, trial: optuna.Trial, config: Config, twin: Twin) -> tuple[float, ...]:
         """A repeat, answered from the database and not counted: told to the sampler as the first time (its

@@ -6,6 +6,7 @@ next worker that starts one, and retried once.
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from typing import Any
@@ -166,8 +167,13 @@ def _same_traffic(spec: SearchSpec, stored: dict[str, Any]) -> None:
     if (rate is None) != (was is None):
         how = "one call at a time" if was is None else f"at {was:,.4g} requests/s"
         raise UsageError(f"Study {name!r} was searched {how}; pick another --study name to search it the other way.")
+    if rate is not None and was is not None and not math.isclose(rate, was):
+        raise UsageError(
+            f"Study {name!r} was searched at {was:,.4g} requests/s; continue it at that rate (the reads answer any "
+            "rate from its capacities: pareto best --qps), or pick another --study name."
+        )
     slo = (stored.get("slo") or {}).get("p99")
-    if rate is not None and slo is not None and spec.slo.p99 != slo:
+    if rate is not None and slo is not None and not math.isclose(spec.slo.p99 or 0.0, slo):
         raise UsageError(
             f"Study {name!r} found its capacities at P99 ≤ {format_ms(slo)}; continue it at that SLO, or pick another "
             "--study name for another."
