@@ -246,7 +246,10 @@ def compare_reads(sides: tuple[Side, Side], db_url: str, label: str, workdir: Pa
     for study in (STUDY, MEASURED_STUDY):
         for check, args in READS:
             args = [MEASURED_STUDY if a == STUDY and study == MEASURED_STUDY else a for a in args]
-            old, new = (pareto(side, [*args, "--db", db_url], workdir / "run", workdir) for side in sides)
+            old, new = (
+                pareto(side, [*args, "--db", url], workdir / "run", workdir)
+                for side, url in zip(sides, _urls(db_url), strict=True)
+            )
             results.add(f"`pareto {check}` ({study})", label, old.as_bytes(), new.as_bytes())
 
 
@@ -263,10 +266,42 @@ def report(side: Side, db_url: str, workdir: Path, study: str) -> tuple[Run, dic
     return done, files, note.read_text() if note.exists() else ""
 
 
+#: A database's copy for the new code, upgraded by it, when the change adds a schema revision (the old code
+#: refuses a newer schema, the new one an older): the old code reads the original, the new one the copy.
+NEW_URLS: dict[str, str] = {}
+
+
+def _urls(db_url: str) -> tuple[str, str]:
+    return db_url, NEW_URLS.get(db_url, db_url)
+
+
+def new_copy(new: Side, url: str, workdir: Path) -> str:
+    """A copy of ``url`` (SQLite: the file; PostgreSQL: ``CREATE DATABASE ... TEMPLATE``) upgraded by the
+    new code (``pareto db upgrade``); its URL."""
+    import sqlalchemy as sa
+
+    if url.startswith("sqlite:///"):
+        path = Path(url.removeprefix("sqlite:///"))
+        copy = path.with_name(f"{path.stem}-new{path.suffix}")
+        shutil.copy(path, copy)
+        target = f"sqlite:///{copy}"
+    else:
+        made = sa.engine.make_url(url)
+        engine = sa.create_engine(made.set(database="postgres"), isolation_level="AUTOCOMMIT")
+        with engine.connect() as conn:
+            conn.execute(sa.text("DROP DATABASE IF EXISTS same_outputs_new WITH (FORCE)"))
+            conn.execute(sa.text(f"CREATE DATABASE same_outputs_new TEMPLATE {made.database}"))
+        engine.dispose()
+        target = made.set(database="same_outputs_new").render_as_string(hide_password=False)
+    done = pareto(new, ["db", "upgrade", "--db", target], workdir / "run", workdir)
+    print(f"  the new code's copy {target}: pareto db upgrade exit {done.rc}", flush=True)
+    return target
+
+
 def compare_report(sides: tuple[Side, Side], db_url: str, label: str, workdir: Path, results: Results) -> None:
     for study in (STUDY, MEASURED_STUDY):
         (old_run, old_files, old_mod), (new_run, new_files, new_mod) = (
-            report(s, db_url, workdir, study) for s in sides
+            report(s, url, workdir, study) for s, url in zip(sides, _urls(db_url), strict=True)
         )
         print(f"  report clock fixed in {old_mod or 'nothing'} (old), {new_mod or 'nothing'} (new)")
         results.add(f"`pareto report` run ({study})", label, old_run.as_bytes(), new_run.as_bytes())
@@ -383,6 +418,8 @@ def main() -> int:
     results, jobs = Results(), {}
     for label, url, cwd in databases:
         jobs[label] = build(old, url if label != "sqlite" else "sqlite:///same.db", cwd, workdir)
+    for _, url, _ in databases:
+        NEW_URLS[url] = new_copy(new, url, workdir)
     for label, url, _ in databases:
         print(f"{label}: {url}", flush=True)
         compare_reads((old, new), url, label, workdir, results)
