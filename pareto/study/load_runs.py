@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from pareto.compress import Config
+from pareto.devices import as_args
 from pareto.errors import ParetoError, TechniqueError, UsageError
 from pareto.front import select_best
 from pareto.locks import timing_lock
@@ -30,10 +31,7 @@ if TYPE_CHECKING:
 
 def served_call(served: Served, task: Task, max_batch: int, device: str) -> Callable[[int], object]:
     """One batch of the served model at a bucket, inputs made beforehand (a CUDA call synchronized)."""
-    args = {}
-    for bucket in buckets(max_batch):
-        x = task.example_input(bucket)
-        args[bucket] = tuple(x) if isinstance(x, (tuple, list)) else (x,)
+    args = {bucket: as_args(task.example_input(bucket)) for bucket in buckets(max_batch)}
     module, cuda = served.module, device.startswith("cuda")
 
     def call(bucket: int) -> object:
