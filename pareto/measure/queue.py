@@ -37,6 +37,8 @@ __all__ = [
     "md1_mean_wait_s",
     "md1_wait_quantile_s",
     "poisson_arrivals",
+    "pool_replications",
+    "replica_seed",
     "simulate",
     "summarize_requests",
     "traffic_curve",
@@ -119,19 +121,25 @@ def poisson_arrivals(rate_per_s: float, count: int, seed: int) -> np.ndarray:
 
 
 class ServiceTimes:
-    """Measured call times per bucket, in seconds; resampled (bootstrap) by the simulation."""
+    """What a served batch costs per bucket, in seconds; resampled (bootstrap) by the simulation.
 
-    def __init__(self, by_batch: Mapping[int, Sequence[float] | np.ndarray]) -> None:
+    ``by_batch``: the cost of a batch that starts right after the previous one (the server busy, back to
+    back); ``after_idle`` (optional, per bucket): the cost of one that starts on an idle server, when the
+    threads had gone to sleep and must wake. A bucket without ``after_idle`` draws from ``by_batch``.
+    """
+
+    def __init__(
+        self,
+        by_batch: Mapping[int, Sequence[float] | np.ndarray],
+        after_idle: Mapping[int, Sequence[float] | np.ndarray] | None = None,
+    ) -> None:
         if not isinstance(by_batch, Mapping) or not by_batch:
             raise UsageError("service times need at least one batch size with its measured call times.")
-        samples: dict[int, np.ndarray] = {}
-        for batch, times in by_batch.items():
-            size = _check_int("a service time's batch size", batch, 1)
-            values = np.asarray(times, dtype=float).ravel()
-            if values.size == 0 or not np.isfinite(values).all() or (values <= 0.0).any():
-                raise UsageError(f"batch {size} needs at least one call time, each finite and > 0 seconds.")
-            samples[size] = values
-        self._samples = dict(sorted(samples.items()))
+        self._samples = _check_samples(by_batch)
+        idle = _check_samples(after_idle) if after_idle else {}
+        if set(idle) - set(self._samples):
+            raise UsageError(f"after_idle names buckets {sorted(set(idle) - set(self._samples))} without call times.")
+        self._idle = {b: idle.get(b, v) for b, v in self._samples.items()}
         self._means = {b: float(v.mean()) for b, v in self._samples.items()}
         self.batches: tuple[int, ...] = tuple(self._samples)
 
@@ -157,16 +165,39 @@ class ServiceTimes:
             raise UsageError(f"no batch size <= {top} was measured; the service times hold {list(self.batches)}.")
         return max(rates)
 
-    def _draws(self, batch: int, count: int, rng: np.random.Generator) -> list[float]:
-        """``count`` call times at ``batch`` resampled with replacement."""
-        values = self._samples[batch]
+    def idle_mean_s(self, batch: int) -> float:
+        """The mean cost of a batch at ``batch`` that starts on an idle server."""
+        self.mean_s(batch)
+        return float(self._idle[batch].mean())
+
+    def _draws(self, batch: int, count: int, rng: np.random.Generator, *, idle: bool = False) -> list[float]:
+        """``count`` call times at ``batch`` resampled with replacement (after idle: from that pool)."""
+        values = (self._idle if idle else self._samples)[batch]
         if values.size == 1:
             return [float(values[0])] * count
         return values[rng.integers(0, values.size, count)].tolist()
 
+    def samples(self) -> dict[str, dict[int, list[float]]]:
+        """Every sample in seconds, back to back and after idle, per bucket (to store or rebuild from)."""
+        return {
+            "back_to_back": {b: v.tolist() for b, v in self._samples.items()},
+            "after_idle": {b: v.tolist() for b, v in self._idle.items()},
+        }
+
     def __repr__(self) -> str:
         means = ", ".join(f"{b}: {m * 1e3:.3g} ms" for b, m in self._means.items())
         return f"ServiceTimes({{{means}}})"
+
+
+def _check_samples(by_batch: Mapping[int, Sequence[float] | np.ndarray]) -> dict[int, np.ndarray]:
+    samples: dict[int, np.ndarray] = {}
+    for batch, times in by_batch.items():
+        size = _check_int("a service time's batch size", batch, 1)
+        values = np.asarray(times, dtype=float).ravel()
+        if values.size == 0 or not np.isfinite(values).all() or (values <= 0.0).any():
+            raise UsageError(f"batch {size} needs at least one call time, each finite and > 0 seconds.")
+        samples[size] = values
+    return dict(sorted(samples.items()))
 
 
 @dataclass(frozen=True)
@@ -213,8 +244,12 @@ def simulate(arrivals: np.ndarray, service: ServiceTimes, batcher: Batcher, *, s
         )
     rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([_check_int("seed", seed, 0), _SERVICE_STREAM])))
     n, top, wait = times.size, batcher.max_batch, batcher.max_wait_ms / 1e3
-    draws = {b: iter(service._draws(b, n // (low + 1) + 1, rng)) for low, b in zip([0, *sizes], sizes, strict=False)}
-    draw_of = [draws[batcher.bucket(k)] if k else iter(()) for k in range(top + 1)]
+    most = {b: n // (low + 1) + 1 for low, b in zip([0, *sizes], sizes, strict=False)}  # batches at a bucket
+    busy = {b: iter(service._draws(b, c, rng)) for b, c in most.items()}
+    idle = {b: iter(service._draws(b, c, rng, idle=True)) for b, c in most.items()}
+    draw_of = [
+        (busy[batcher.bucket(k)], idle[batcher.bucket(k)]) if k else (iter(()), iter(())) for k in range(top + 1)
+    ]
     ends, starts, dones = _run(times.tolist(), top, wait, draw_of)
     counts = np.diff(np.asarray([0, *ends]))
     return Requests(
@@ -226,9 +261,12 @@ def simulate(arrivals: np.ndarray, service: ServiceTimes, batcher: Batcher, *, s
 
 
 def _run(
-    arrival: list[float], top: int, wait: float, draw_of: list[Iterator[float]]
+    arrival: list[float], top: int, wait: float, draw_of: list[tuple[Iterator[float], Iterator[float]]]
 ) -> tuple[list[int], list[float], list[float]]:
     """The event loop: per batch, the index after its last request, its start and its completion.
+
+    ``draw_of[n]``: the cost draws of a batch of n, back to back and after idle (a batch whose start
+    the arrivals decide, the server having waited for them).
 
     ``arrival`` is padded with ``top`` infinite arrivals, so that the request that would fill a batch
     always exists (it never fills one when infinite) and no index is clipped.
@@ -246,9 +284,10 @@ def _run(
         full = arrival[last - 1]
         if full < deadline:
             deadline = full
-        start = deadline if deadline > free else free
+        idle = deadline > free
+        start = deadline if idle else free
         i2 = cut(arrival, start, i, last)
-        free = start + next(draw_of[i2 - i])
+        free = start + next(draw_of[i2 - i][idle])
         end(i2)
         start_at(start)
         done_at(free)
@@ -269,6 +308,10 @@ class RequestSummary:
     p99_upper_ms: float | None
     confidence: float
     mean_batch: float
+    #: independent replications pooled (each its own arrivals and draws); 1: one run
+    replications: int = 1
+    #: the standard deviation of the replications' P99s (None with one replication)
+    p99_spread_ms: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """All fields as plain values."""
@@ -301,6 +344,50 @@ def summarize_requests(
     )
 
 
+def replica_seed(seed: int, replica: int) -> int:
+    """The seed of replication ``replica`` of a study seeded ``seed``: ``seed`` itself for the first (one
+    replication is the run it always was), an independent stream (``numpy.random.SeedSequence``) after."""
+    base = _check_int("seed", seed, 0)
+    if _check_int("replica", replica, 0) == 0:
+        return base
+    return int(np.random.SeedSequence([base, replica]).generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
+
+
+def pool_replications(summaries: Sequence[RequestSummary], latency_ms: Sequence[np.ndarray]) -> RequestSummary:
+    """Independent replications as one summary: P50 and P99 of the pooled requests, and the P99's upper
+    bound from the replications (Law & Kelton's method of independent replications): the pooled P99 +
+    ``t(confidence, R - 1) · s / √R``, ``s`` the standard deviation of the replications' P99s; never
+    below the pooled order-statistic bound. Requests in one batch share their completion and queue waits
+    are correlated over a busy period, so the order statistic alone (which takes requests as independent)
+    is too tight near capacity; replications are independent whatever happens inside each."""
+    from scipy.stats import t as student_t
+
+    if len(summaries) != len(latency_ms) or not summaries:
+        raise UsageError("give one summary and one array of kept latencies per replication.")
+    if len(summaries) == 1:
+        return summaries[0]
+    level = summaries[0].confidence
+    pooled = np.concatenate([np.asarray(v, dtype=float) for v in latency_ms])
+    p99 = order_statistic_bounds(pooled, 0.99, level)
+    each = np.array([s.p99_ms for s in summaries])
+    r = each.size
+    spread = float(each.std(ddof=1))
+    upper = p99.value + float(student_t.ppf(level, r - 1)) * spread / math.sqrt(r)
+    if math.isfinite(p99.upper):
+        upper = max(upper, p99.upper)
+    return RequestSummary(
+        requests=int(pooled.size),
+        mean_ms=float(pooled.mean()),
+        p50_ms=float(np.quantile(pooled, 0.5, method="inverted_cdf")),
+        p99_ms=p99.value,
+        p99_upper_ms=upper,
+        confidence=level,
+        mean_batch=float(np.mean([s.mean_batch for s in summaries])),
+        replications=r,
+        p99_spread_ms=spread,
+    )
+
+
 @dataclass(frozen=True)
 class RatePoint:
     """One arrival rate: the batcher chosen for it and what its requests saw."""
@@ -321,6 +408,8 @@ class RatePoint:
             "p99_upper_ms": s.p99_upper_ms,
             "mean_batch": s.mean_batch,
             "requests": s.requests,
+            "replications": s.replications,
+            "p99_spread_ms": s.p99_spread_ms,
         }
 
 
@@ -349,18 +438,29 @@ def best_at_rate(
     requests: int,
     seed: int,
     confidence: float,
+    replications: int = 1,
 ) -> RatePoint:
     """Simulate every batcher on the same Poisson arrivals and service draws (common random numbers) and
     keep the one with the lowest P99 upper bound (None counts as +inf); ties go to the lower P99, then
-    the smaller max batch, then the shorter wait. The first ``requests // 20`` requests are left out."""
+    the smaller max batch, then the shorter wait. The first ``requests // 20`` requests are left out.
+    With ``replications`` > 1 each batcher runs that many independent replications of ``requests``
+    (``replica_seed``), pooled by ``pool_replications``."""
     chosen = _check_batchers(batchers)
-    arrivals = poisson_arrivals(rate_per_s, requests, seed)
+    count = _check_int("replications", replications, 1)
     level = _check_confidence(confidence)
-    points = []
-    for batcher in chosen:
-        run = simulate(arrivals, service, batcher, seed=seed)
-        summary = summarize_requests(run.latency_s, confidence=level, batch=run.batch, warmup=requests // _WARMUP_SHARE)
-        points.append(RatePoint(float(rate_per_s), batcher, summary))
+    skip = requests // _WARMUP_SHARE
+    runs: dict[Batcher, list[tuple[RequestSummary, np.ndarray]]] = {b: [] for b in chosen}
+    for replica in range(count):
+        stream = replica_seed(seed, replica)
+        arrivals = poisson_arrivals(rate_per_s, requests, stream)
+        for batcher in chosen:
+            run = simulate(arrivals, service, batcher, seed=stream)
+            summary = summarize_requests(run.latency_s, confidence=level, batch=run.batch, warmup=skip)
+            runs[batcher].append((summary, run.latency_s[skip:] * 1e3))
+    points = [
+        RatePoint(float(rate_per_s), b, pool_replications([s for s, _ in done], [v for _, v in done]))
+        for b, done in runs.items()
+    ]
     return min(points, key=_rank)
 
 
@@ -378,6 +478,7 @@ def capacity(
     seed: int,
     confidence: float,
     rel_tol: float = 0.02,
+    replications: int = 1,
 ) -> RatePoint | None:
     """The highest arrival rate whose best P99 upper bound is within ``slo_ms``, with the batcher that
     gets there.
@@ -393,6 +494,7 @@ def capacity(
     high = service.saturation_qps(max(b.max_batch for b in chosen))
     low = high * _LOW_FRACTION
     kwargs: dict[str, Any] = {"requests": requests, "seed": seed, "confidence": confidence}
+    kwargs["replications"] = replications
     best = best_at_rate(low, service, chosen, **kwargs)
     if not _meets(best, slo):
         return None
@@ -414,11 +516,11 @@ def traffic_curve(
     requests: int,
     seed: int,
     confidence: float,
+    replications: int = 1,
 ) -> list[RatePoint]:
     """``best_at_rate`` at each rate, in the order given."""
-    return [
-        best_at_rate(rate, service, batchers, requests=requests, seed=seed, confidence=confidence) for rate in rates
-    ]
+    kwargs: dict[str, Any] = {"requests": requests, "seed": seed, "confidence": confidence}
+    return [best_at_rate(rate, service, batchers, **kwargs, replications=replications) for rate in rates]
 
 
 def batchers_for(max_batch: int, waits_ms: Sequence[float]) -> list[Batcher]:
