@@ -238,3 +238,47 @@ def test_bad_stubs_and_batchers_are_usage_errors() -> None:
         load_run(fixed_time_call({1: 0.0}), arrivals, (1, 0.0), confidence=0.99)  # type: ignore[arg-type]
     with pytest.raises(UsageError, match="call must be"):
         load_run(None, arrivals, Batcher(1, 0.0), confidence=0.99)  # type: ignore[arg-type]
+
+
+def test_served_costs_count_from_the_moment_the_policy_could_start_and_keep_idle_apart() -> None:
+    from pareto.measure.load import served_costs
+    from pareto.measure.queue import Requests
+
+    # max batch 2, wait 1 ms. Batch A: arrivals 0 and 0.2 ms fill it at 0.2 ms on an idle server; it started
+    # at 0.5 ms (the batcher thread woke late) and finished at 1.5 ms: it cost 1.3 ms after idle. Batch B:
+    # arrivals 1.0 and 1.1 ms fill it while A runs, so it could start at A's end (1.5 ms): back to back,
+    # started 1.6 ms, done 2.4 ms, cost 0.9 ms. Batch C: one arrival at 5 ms, its wait ends at 6 ms, after
+    # B's end: after idle, done at 6.7 ms, cost 0.7 ms at bucket 1.
+    ms = 1e-3
+    requests = Requests(
+        arrival_s=np.array([0.0, 0.2, 1.0, 1.1, 5.0]) * ms,
+        start_s=np.array([0.5, 0.5, 1.6, 1.6, 6.05]) * ms,
+        done_s=np.array([1.5, 1.5, 2.4, 2.4, 6.7]) * ms,
+        batch=np.array([2, 2, 2, 2, 1]),
+    )
+    busy, idle = served_costs(requests, Batcher(2, 1.0))
+    assert sorted(busy) == [2] and sorted(idle) == [1, 2]
+    assert busy[2] == pytest.approx([0.9 * ms])
+    assert idle[2] == pytest.approx([1.3 * ms]) and idle[1] == pytest.approx([0.7 * ms])
+
+
+def test_a_served_run_gives_costs_a_simulation_reproduces() -> None:
+    """A stub whose calls take a fixed time: what the serving path adds (thread wake-ups) is in the costs,
+    so the costs are at least the call, and the simulation on them gives back the run's request P50."""
+    from pareto.measure.queue import ServiceTimes, simulate, summarize_requests
+
+    batcher = Batcher(4, 1.0)
+    call = fixed_time_call({1: 1.0e-3, 2: 1.2e-3, 4: 1.6e-3})
+    arrivals = poisson_arrivals(1_200.0, 1_500, 5)
+    run = load_run(call, arrivals, batcher, confidence=0.99, spin_s=0.0)
+    busy, idle = run.served_costs()
+    costs = {b: np.concatenate([busy.get(b, np.empty(0)), idle.get(b, np.empty(0))]) for b in {*busy, *idle}}
+    assert all(v.min() >= 0.95 * {1: 1.0e-3, 2: 1.2e-3, 4: 1.6e-3}[b] for b, v in costs.items())
+    service = ServiceTimes(
+        {b: busy.get(b, idle.get(b)) for b in (1, 2, 4) if b in costs}
+        | {b: [1.6e-3] for b in (1, 2, 4) if b not in costs},
+        {b: v for b, v in idle.items()},
+    )
+    sim = simulate(arrivals, service, batcher, seed=5)
+    simulated = summarize_requests(sim.latency_s, confidence=0.99, warmup=75)
+    assert simulated.p50_ms == pytest.approx(run.summary.p50_ms, rel=0.35)

@@ -30,7 +30,7 @@ from pareto.errors import UsageError
 from pareto.measure.queue import Batcher, Requests, RequestSummary, buckets, summarize_requests
 from pareto.slo import min_samples_for_upper_bound
 
-__all__ = ["LoadRun", "fixed_time_call", "load_run"]
+__all__ = ["LoadRun", "fixed_time_call", "load_run", "served_costs"]
 
 #: By default the generator sleeps until each arrival and does not spin: a sleep overshoots by 0.05-0.2 ms
 #: (counted: a request is timed from its scheduled arrival), where a spinning generator takes a core from
@@ -90,6 +90,11 @@ class LoadRun:
         bucket = np.array([self.batcher.bucket(int(n)) for n in req.batch[first]])
         return {str(b): float(spent[bucket == b].mean()) for b in sorted(set(bucket.tolist()))}
 
+    def served_costs(self) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
+        """What each batch of the run cost on the serving path, in seconds by bucket: back to back, and
+        after idle (see ``served_costs``)."""
+        return served_costs(self.requests, self.batcher)
+
     def to_dict(self) -> dict[str, Any]:
         """The rate, the batcher's settings, the summary's fields and the run's checks, flat."""
         return {
@@ -109,6 +114,29 @@ class LoadRun:
             "elapsed_s": self.elapsed_s,
             "method": self.method,
         }
+
+
+def served_costs(requests: Requests, batcher: Batcher) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
+    """Per batch of a load run, its completion less the moment the batcher's policy could have started it
+    (``pareto.measure.queue.simulate``: the later of the previous batch's completion and the earlier of
+    its oldest request's arrival + max wait and the arrival that fills it), in seconds by bucket, split
+    into batches that started back to back (the previous completion decided) and after idle (the
+    arrivals decided, the server had waited). What the simulation draws is then what a batch costs when
+    served: the call inside the run, the batcher thread's wake-up, the generator's and the GIL's share."""
+    first = np.flatnonzero(np.diff(np.concatenate([[-np.inf], requests.start_s])) > 0)
+    arrival, done, top = requests.arrival_s, requests.done_s, batcher.max_batch
+    fills = np.concatenate([arrival[top - 1 :], np.full(top - 1, np.inf)])  # the arrival that fills a batch
+    deadline = np.minimum(arrival[first] + batcher.max_wait_ms / 1e3, fills[first])
+    free = np.concatenate([[-np.inf], done[first][:-1]])
+    idle = deadline > free
+    cost = done[first] - np.where(idle, deadline, free)
+    bucket = np.array([batcher.bucket(int(n)) for n in requests.batch[first]])
+    keep = cost > 0  # a clock read before the policy's moment: not a cost (never seen, kept out)
+    split: tuple[dict[int, np.ndarray], dict[int, np.ndarray]] = ({}, {})
+    for pool, chosen in zip(split, (~idle & keep, idle & keep), strict=True):
+        for b in sorted(set(bucket[chosen].tolist())):
+            pool[b] = cost[chosen & (bucket == b)]
+    return split
 
 
 def fixed_time_call(service_s: Mapping[int, float]) -> Callable[[int], None]:
