@@ -91,6 +91,13 @@ class Metrics:
     capacity_max_wait_ms: float | None = None
     service_curve: list[Any] | None = None  #: the measured call time per batch bucket the simulation draws from
     traffic_curve: list[Any] | None = None  #: the request P99 (and its batcher) at rates around the capacity
+    # revision 0012: the capacity a user gets
+    serving_runs: list[Any] | None = None  #: the short load runs the served batch costs were measured in
+    serve_threads: int | None = None  #: the intra-op threads it is served with (the serving runs' choice)
+    #: the highest rate whose real load run met the SLO (bisection over runs); 0.0: none did; None: not load-run
+    load_capacity_qps: float | None = None
+    load_capacity_max_batch: int | None = None  #: the batcher settings those load runs used
+    load_capacity_max_wait_ms: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Field name → value; infinite floats become None (JSON has no infinity). A single-stream
@@ -112,6 +119,20 @@ class Metrics:
     def from_row(cls, row: Any) -> Metrics:
         """The record of an object with one attribute per field (a measurement row)."""
         return cls(**{name: getattr(row, name) for name in FIELD_NAMES})
+
+
+#: How a capacity was found, as shown beside it.
+LOAD_RUN, SIMULATED = "load-run", "simulated, not load-run"
+
+
+def served_capacity(metrics: dict[str, Any]) -> tuple[float | None, str]:
+    """The capacity a read judges a configuration at a rate by, and its source: the load-run capacity
+    where load runs found one (0.0 when none met the SLO), else the simulated one (``LOAD_RUN``,
+    ``SIMULATED``). None: the simulation found no rate within the SLO."""
+    if metrics.get("load_capacity_qps") is not None:
+        return float(metrics["load_capacity_qps"]), LOAD_RUN
+    capacity = metrics.get("capacity_qps")
+    return (float(capacity) if capacity is not None else None), SIMULATED
 
 
 #: Every metric field, in declaration order.

@@ -24,7 +24,7 @@ from pareto.front import DEFAULT_OBJECTIVE_NAMES, TRAFFIC_OBJECTIVE_NAMES
 from pareto.limits import Constraints
 from pareto.naming import Backend, SamplerName
 from pareto.slo import DEFAULT_CONFIDENCE, DEFAULT_CONTENTION_LIMIT, DEFAULT_ROUNDS, MIN_CONFIDENCE, MIN_SAMPLES_P99
-from pareto.units import parse_duration_ms, parse_rate_per_s, parse_size_bytes
+from pareto.units import parse_duration_ms, parse_rate_per_s, parse_request_rate, parse_size_bytes
 
 
 def _stored_or(parse: Any) -> Any:
@@ -44,6 +44,7 @@ def _stored_or(parse: Any) -> Any:
 DurationMs = Annotated[float, BeforeValidator(_stored_or(parse_duration_ms))]
 SizeBytes = Annotated[int, BeforeValidator(_stored_or(parse_size_bytes))]
 RatePerS = Annotated[float, BeforeValidator(_stored_or(parse_rate_per_s))]
+RequestRate = Annotated[float, BeforeValidator(_stored_or(parse_request_rate))]
 
 
 def _wait_ms(value: Any) -> float:
@@ -287,15 +288,34 @@ class Traffic(_Strict):
     chosen per configuration from ``max_wait`` by the queue simulation (it changes nothing measured).
     """
 
-    qps: RatePerS | None = Field(default=None, description="Poisson arrival rate ('800/s'); None: single stream.")
+    qps: RequestRate | None = Field(
+        default=None, description="Poisson arrival rate ('800/s' or 800); None: single stream."
+    )
     #: the batcher's waits tried per configuration; None: 0, 1/16, 1/8, 1/4 and 1/2 of the SLO
     max_wait: list[WaitMs] | None = None
-    #: simulated requests per rate (the P99 bound is an order statistic of them)
-    requests: int = Field(default=5000, ge=MIN_SAMPLES_P99)
+    #: simulated requests per rate in each replication
+    requests: int = Field(default=2500, ge=MIN_SAMPLES_P99)
+    #: independent replications per rate (their own arrivals and draws): the P99 bound comes from their spread
+    replications: int = Field(default=6, ge=1, le=64)
     #: timed calls per batch bucket below the largest (the largest is the trial's own latency measurement)
     sweep_samples: int = Field(default=200, ge=20)
-    #: requests of each confirming load run (pick and baseline, after the search)
-    load_requests: int = Field(default=3000, ge=MIN_SAMPLES_P99)
+    #: short load runs per trial that measure what a served batch costs (0: the calls timed alone)
+    serve_runs: int = Field(default=3, ge=0, le=10)
+    #: the intra-op thread counts a configuration is served with, the one of highest simulated capacity kept;
+    #: None: 1 and the measurement's thread count
+    serve_threads: list[Annotated[int, Field(ge=1, le=1024)]] | None = None
+    #: the most requests of each such serving run (its schedule lasts at most 4 s, 200 requests at least)
+    serve_requests: int = Field(default=1000, ge=100)
+    #: requests of each confirming load run (pick and baseline, after the search), per replication
+    load_requests: int = Field(default=2000, ge=MIN_SAMPLES_P99)
+    #: the shortest schedule of one load run in seconds (more requests at a high rate); LoadGen's minimum
+    #: duration, scaled to a small machine
+    load_min_s: float = Field(default=1.0, ge=0.0, le=600.0)
+    #: load runs per rate, each on its own seeded schedule: the P99 bound comes from their spread
+    load_replications: int = Field(default=5, ge=1, le=20)
+    #: after the trials, the configurations that lead on simulated capacity within the accuracy limit whose
+    #: capacity load runs find (bisection); reads judge these by it
+    load_top: int = Field(default=2, ge=0, le=10)
     #: after the trials, load-run the pick and its baseline (a worker leaves it to the parent)
     load_runs: bool = True
     #: the arrivals' seed: every configuration of the study is simulated and load-run on the same schedule

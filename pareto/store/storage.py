@@ -13,6 +13,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from sqlalchemy import select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
@@ -123,6 +124,36 @@ def trial_metrics(engine: Engine, trial_id: int, env_id: int) -> Metrics | None:
         here = [m for m in rows if m.environment_id == env_id]
         chosen = here or list(rows)
         return Metrics.from_row(chosen[-1]) if chosen else None
+
+
+def set_load_capacity(
+    engine: Engine, measurement_id: int, qps: float, max_batch: int | None, max_wait_ms: float | None
+) -> None:
+    """The capacity load runs found for measurement ``measurement_id`` (0.0: none met the SLO), with the
+    batcher settings they ran; reads judge the configuration at a rate by it from now on."""
+    with session_scope(engine) as session:
+        m = session.get(Measurement, measurement_id)
+        if m is None:
+            raise StoreError(f"measurement {measurement_id} is not stored")
+        m.load_capacity_qps, m.load_capacity_max_batch, m.load_capacity_max_wait_ms = qps, max_batch, max_wait_ms
+
+
+def met_rates(engine: Engine, measurement_id: int, slo_ms: float) -> list[float]:
+    """The rates at which the stored load runs of measurement ``measurement_id``'s configuration (its
+    trial, in its environment) counted with their request P99 bound within ``slo_ms``."""
+    with session_scope(engine) as session:
+        m = session.get(Measurement, measurement_id)
+        if m is None:
+            raise StoreError(f"measurement {measurement_id} is not stored")
+        rows = session.scalars(
+            select(LoadRun.qps).where(
+                LoadRun.trial_id == m.trial_id,
+                LoadRun.environment_id == m.environment_id,
+                LoadRun.valid.is_(True),
+                LoadRun.request_p99_upper_ms <= slo_ms,
+            )
+        ).all()
+        return [float(r) for r in rows]
 
 
 def save_load_run(engine: Engine, measurement_id: int, run_id: int | None, load: dict[str, Any]) -> None:

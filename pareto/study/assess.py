@@ -16,7 +16,7 @@ from pareto.measure.roofline import achieved_fraction, ceiling_suspect, roofline
 from pareto.measure.roofline import regime as regime_of
 from pareto.metrics import METHOD_SEPARATOR, Metrics
 from pareto.study.traffic import method as method_at_traffic
-from pareto.study.traffic import service_times, traffic_fields
+from pareto.study.traffic import served_call, served_service, service_times, traffic_fields
 
 if TYPE_CHECKING:
     from torch import nn
@@ -495,8 +495,26 @@ def _at_traffic(
     except Exception as exc:  # a served graph whose batch axis is fixed: the trial fails, reason kept
         why = f"{type(exc).__name__}: {exc}"
         raise TechniqueError(f"{config.describe()}: a smaller batch could not be timed: {why}") from exc
+    costs = None
+    if traffic.serve_runs:
+        call = served_call(served, task, config.batch_size, device)
+        try:
+            costs = served_service(
+                call, service, config.batch_size, traffic, slo_ms,
+                seed=seed, confidence=measure.confidence, device=device, threads=threads,
+            )  # fmt: skip
+        except (UsageError, MachineBusy):
+            raise
+        except Exception as exc:  # the served model failed behind the batcher: the trial fails, reason kept
+            raise TechniqueError(f"{config.describe()}: a serving run failed: {type(exc).__name__}: {exc}") from exc
+        service = costs.service
+        for row in rows:
+            row["served_mean_ms"] = service.mean_s(row["batch"]) * 1e3
+            row["served_after_idle_mean_ms"] = service.idle_mean_s(row["batch"]) * 1e3
     fields = traffic_fields(service, config.batch_size, traffic, slo_ms, seed=seed, confidence=measure.confidence)
-    return {**fields, "service_curve": rows}
+    if costs is None:
+        return {**fields, "service_curve": rows}
+    return {**fields, "service_curve": rows, "serving_runs": costs.runs, "serve_threads": costs.threads}
 
 
 def _finite_or_none(value: float | None) -> float | None:

@@ -11,15 +11,20 @@ capacity is the highest rate whose request P99 upper bound stays within the SLO.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pareto.errors import MachineBusy
+from pareto.locks import timing_lock
 from pareto.units import format_ms
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from pareto.compress.served import Served
     from pareto.measure.latency import LatencyResult
-    from pareto.measure.queue import Batcher, ServiceTimes
+    from pareto.measure.queue import Batcher, RatePoint, ServiceTimes
     from pareto.spec import Measure, Traffic
     from pareto.task import Task
 
@@ -33,6 +38,10 @@ DEFAULT_MAX_BATCHES = [1, 4, 16]
 BUCKET_ROUNDS = 4
 #: Untimed calls before each smaller bucket's rounds (the model is warm from its own measurement).
 BUCKET_WARMUP = 10
+#: A serving run's schedule lasts at most this long (fewer requests than ``traffic.serve_requests`` at a
+#: low rate), but holds at least ``SERVE_MIN_REQUESTS``.
+SERVE_SECONDS = 4.0
+SERVE_MIN_REQUESTS = 200
 
 
 def waits_ms(traffic: Traffic, slo_ms: float) -> list[float]:
@@ -89,6 +98,173 @@ def service_times(
     return ServiceTimes(by_batch), [rows[b] for b in sorted(rows)]
 
 
+def served_call(served: Served, task: Task, max_batch: int, device: str) -> Callable[[int], object]:
+    """One batch of the served model at a bucket, inputs made beforehand (a CUDA call synchronized)."""
+    import torch
+
+    from pareto.devices import as_args
+    from pareto.measure.queue import buckets
+
+    args = {bucket: as_args(task.example_input(bucket)) for bucket in buckets(max_batch)}
+    module, cuda = served.module, device.startswith("cuda")
+
+    def call(bucket: int) -> object:
+        with torch.inference_mode():
+            out = module(*args[bucket])
+        if cuda:
+            torch.cuda.synchronize(device)
+        return out
+
+    return call
+
+
+def serve_requests(traffic: Traffic, rate: float) -> int:
+    """A serving run's requests at ``rate``: ``SERVE_SECONDS`` of schedule, within
+    ``SERVE_MIN_REQUESTS``..``traffic.serve_requests``."""
+    return max(min(SERVE_MIN_REQUESTS, traffic.serve_requests), min(traffic.serve_requests, int(rate * SERVE_SECONDS)))
+
+
+@dataclass(frozen=True)
+class ServedCosts:
+    """What serving runs measured for one configuration: the served costs at the thread count chosen, the
+    runs (every thread count tried), and the simulated capacity at each thread count (0.0: none)."""
+
+    service: ServiceTimes
+    threads: int
+    runs: list[dict[str, Any]]
+    capacity_by_threads: dict[int, float]
+
+
+def serve_thread_options(traffic: Traffic, threads: int) -> list[int]:
+    """The intra-op thread counts a configuration is served with and chosen from: the spec's, else 1 and
+    the measurement's thread count (one thread per batch call leaves the other cores to the generator and
+    batcher threads; more make each call faster alone)."""
+    return sorted(set(traffic.serve_threads)) if traffic.serve_threads else sorted({1, threads})
+
+
+def served_service(
+    call: Callable[[int], object],
+    alone: ServiceTimes,
+    batch_size: int,
+    traffic: Traffic,
+    slo_ms: float,
+    *,
+    seed: int,
+    confidence: float,
+    device: str,
+    threads: int,
+) -> ServedCosts:
+    """What a served batch costs, measured on the serving path at each intra-op thread count of
+    ``serve_thread_options`` (``_serve_at``), and the thread count whose served costs give the highest
+    simulated capacity (ties: fewer threads)."""
+    from pareto.measure.queue import capacity
+
+    options = batchers(batch_size, traffic, slo_ms)
+    sim: dict[str, Any] = {"requests": traffic.requests, "seed": seed, "confidence": confidence}
+    tried: dict[int, tuple[ServiceTimes, list[dict[str, Any]], float]] = {}
+    for count in serve_thread_options(traffic, threads):
+        service, runs = _serve_at(call, alone, batch_size, traffic, slo_ms, sim, device=device, threads=count)
+        point = capacity(service, slo_ms, options, **sim, replications=traffic.replications)
+        tried[count] = (service, [{**r, "threads": count} for r in runs], point.qps if point is not None else 0.0)
+    chosen = max(tried, key=lambda t: (tried[t][2], -t))
+    return ServedCosts(
+        service=tried[chosen][0],
+        threads=chosen,
+        runs=[r for t in sorted(tried) for r in tried[t][1]],
+        capacity_by_threads={t: v[2] for t, v in tried.items()},
+    )
+
+
+def _serve_at(
+    call: Callable[[int], object],
+    alone: ServiceTimes,
+    batch_size: int,
+    traffic: Traffic,
+    slo_ms: float,
+    sim: dict[str, Any],
+    *,
+    device: str,
+    threads: int,
+) -> tuple[ServiceTimes, list[dict[str, Any]]]:
+    """``traffic.serve_runs`` short load runs at ``threads`` intra-op threads (``pareto.measure.load``: a
+    generator thread, the batcher thread, the model) with each batch's cost taken from the policy's start
+    to its completion, back to back and after idle kept apart (``served_costs``). The first run is at the
+    study's rate, each later one at the capacity simulated on the costs served so far (the two rates a
+    verdict is read at), each with the batcher the simulation chose there; all runs' costs are pooled. A
+    bucket no run served draws its calls timed alone scaled by the served/alone ratio of the buckets served.
+    """
+    from collections import defaultdict
+
+    import torch
+
+    from pareto.measure.load import load_run
+    from pareto.measure.queue import Batcher, best_at_rate, capacity, poisson_arrivals
+
+    options = batchers(batch_size, traffic, slo_ms)
+    pools: tuple[dict[int, list[np.ndarray]], dict[int, list[np.ndarray]]] = (defaultdict(list), defaultdict(list))
+    service, rows = alone, []
+    assert traffic.qps is not None
+    for k in range(traffic.serve_runs):
+        if k == 0:  # the study's rate, with the batcher the simulation chooses there
+            point: RatePoint | None = best_at_rate(traffic.qps, service, options, **sim)
+        else:
+            point = capacity(service, slo_ms, options, **sim)
+        rate = point.qps if point is not None else 0.5 * service.saturation_qps(batch_size)
+        batcher = point.batcher if point is not None else Batcher(batch_size, max(b.max_wait_ms for b in options))
+        arrivals = poisson_arrivals(rate, serve_requests(traffic, rate), sim["seed"] + k)
+        previous = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            with timing_lock(device, what="a serving run"):
+                run = load_run(
+                    call, arrivals, batcher, confidence=sim["confidence"], timeout_s=max(10.0, 2 * arrivals[-1])
+                )
+        finally:
+            torch.set_num_threads(previous)
+        for pool, costs in zip(pools, run.served_costs(), strict=True):
+            for bucket, values in costs.items():
+                pool[bucket].append(values)
+        service = _pooled(alone, pools)
+        rows.append(_serve_row(rate, batcher, run))
+    return service, rows
+
+
+def _pooled(
+    alone: ServiceTimes, pools: tuple[dict[int, list[np.ndarray]], dict[int, list[np.ndarray]]]
+) -> ServiceTimes:
+    """Served costs per bucket (back to back; after idle), a bucket missing from one pool taking the
+    other's, one missing from both taking its calls alone × the median served/alone ratio."""
+    import numpy as np
+
+    from pareto.measure.queue import ServiceTimes
+
+    busy, idle = ({b: np.concatenate(v) for b, v in pool.items()} for pool in pools)
+    served = {b: busy[b] if b in busy else idle[b] for b in alone.batches if b in busy or b in idle}
+    if not served:
+        return alone
+    ratio = float(np.median([float(np.mean(v)) / alone.mean_s(b) for b, v in served.items()]))
+    alone_samples = alone.samples()["back_to_back"]
+    by_batch = {b: served.get(b, np.asarray(alone_samples[b]) * ratio) for b in alone.batches}
+    after_idle = {b: idle[b] for b in alone.batches if b in idle}
+    return ServiceTimes(by_batch, after_idle)
+
+
+def _serve_row(rate: float, batcher: Batcher, run: Any) -> dict[str, Any]:
+    busy, idle = run.served_costs()
+    return {
+        "qps": rate,
+        "max_batch": batcher.max_batch,
+        "max_wait_ms": batcher.max_wait_ms,
+        "requests": int(run.requests.arrival_s.size),
+        "batches": run.batches,
+        "back_to_back_ms": {str(b): float(v.mean() * 1e3) for b, v in busy.items()},
+        "after_idle_ms": {str(b): float(v.mean() * 1e3) for b, v in idle.items()},
+        "p99_upper_ms": run.summary.p99_upper_ms,
+        "valid": run.valid,
+        "reason": run.reason,
+    }
+
+
 def _row(batch: int, latency: LatencyResult) -> dict[str, Any]:
     s = latency.summary
     return {"batch": batch, "mean_ms": s.mean_ms, "p50_ms": s.p50_ms, "p99_ms": s.p99_ms, "samples": s.samples}
@@ -111,6 +287,7 @@ def traffic_fields(
     assert traffic.qps is not None
     options = batchers(batch_size, traffic, slo_ms)
     sim: dict[str, Any] = {"requests": traffic.requests, "seed": seed, "confidence": confidence}
+    sim["replications"] = traffic.replications
     at = best_at_rate(traffic.qps, service, options, **sim)
     most = capacity(service, slo_ms, options, **sim)
     rates = {traffic.qps, *(f * most.qps for f in CURVE_FRACTIONS)} if most is not None else {traffic.qps}
@@ -134,11 +311,24 @@ def traffic_fields(
 def method(traffic: Traffic, slo_ms: float, seed: int) -> str:
     """What the traffic figures are, for the measurement's method."""
     waits = ", ".join(format_ms(w) for w in waits_ms(traffic, slo_ms))
+    served = (
+        f"what a served batch costs, measured in {traffic.serve_runs} short load runs at each intra-op thread "
+        f"count ({', '.join(map(str, traffic.serve_threads)) if traffic.serve_threads else '1 and the measurement'}"
+        "; the one of highest "
+        "simulated capacity kept) (a generator thread and the "
+        f"batcher thread beside the model, at most {traffic.serve_requests} requests or {SERVE_SECONDS:g} s each, "
+        "the first at the study's rate, the others at the capacity simulated so far): completion less the "
+        "moment the policy could start the batch, back to back and after idle apart; "
+        "a bucket no run served: its calls timed alone × the median served/alone ratio"
+        if traffic.serve_runs
+        else "the calls timed alone (no serving runs: the serving thread's own time and wake-ups left out)"
+    )
     return (
-        f"traffic: Poisson arrivals (seed {seed}), {traffic.requests} simulated requests per rate (the first 5 % "
-        f"left out), one batch at a time, the batcher's wait chosen from {waits}; a batch of n runs at the "
-        f"smallest bucket (1, 2, 4, ... the largest batch) >= n (padded), its time drawn from that bucket's "
-        f"measured calls ({traffic.sweep_samples} calls in {BUCKET_ROUNDS} rounds per smaller bucket); P99 bound: "
-        "order statistic of the simulated requests; capacity: bisection on the rate to 2 %; left out: the "
-        "serving thread's own time, the host's scheduling, variation of the call times beyond those measured"
+        f"traffic: Poisson arrivals (seed {seed}), {traffic.replications} independent replications of "
+        f"{traffic.requests} simulated requests per rate (the first 5 % of each left out), one batch at a time, "
+        f"the batcher's wait chosen from {waits}; a batch of n runs at the smallest bucket (1, 2, 4, ... the "
+        f"largest batch) >= n (padded), its cost drawn from {served}; calls timed alone: {traffic.sweep_samples} "
+        f"in {BUCKET_ROUNDS} rounds per smaller bucket; P99 bound: the pooled P99 + t(confidence, R-1) × the "
+        "replications' P99 standard deviation / √R (never below the pooled order statistic's); capacity: "
+        "bisection on the rate to 2 %, simulated, not load-run"
     )
