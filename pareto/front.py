@@ -11,6 +11,7 @@ from typing import Any
 
 from pareto.errors import NoFeasibleConfiguration
 from pareto.limits import Constraints, evaluate, memory_bytes
+from pareto.metrics import served_capacity
 from pareto.naming import describe_config
 from pareto.slo import P99_BOUND_METRIC
 
@@ -142,7 +143,7 @@ def objective_value(metrics: dict[str, Any], metric: str) -> float | None:
     if metric == "memory_bytes":
         return float(memory_bytes(metrics))
     if metric == "capacity_qps" and metrics.get("scenario") is not None:
-        return float(metrics.get(metric) or 0.0)  # requests that miss the SLO at every rate: no capacity
+        return served_capacity(metrics)[0] or 0.0  # load-run where found; missing the SLO at every rate: none
     value = metrics.get(metric)
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 

@@ -27,8 +27,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from pareto.errors import UsageError
+from pareto.metrics import LOAD_RUN, served_capacity
 from pareto.slo import MIN_SAMPLES_P99, P99_BOUND_METRIC, Verdict, slo_verdict
-from pareto.units import format_bytes, format_ms, parse_duration_ms, parse_rate_per_s, parse_size_bytes
+from pareto.units import (
+    format_bytes,
+    format_ms,
+    parse_duration_ms,
+    parse_rate_per_s,
+    parse_request_rate,
+    parse_size_bytes,
+)
 
 
 def memory_bytes(metrics: dict[str, Any]) -> int:
@@ -77,7 +85,7 @@ LIMITS: tuple[Limit, ...] = (
     Limit("p99_ms", P99_BOUND_METRIC, at_most=True, value=lambda m: m.get(P99_BOUND_METRIC), bound=True),
     # at a request rate, the P99 limit is the rate within the capacity at the SLO (a configuration that
     # misses the SLO even nearly alone has none: capacity 0)
-    Limit("qps", "capacity_qps", at_most=False, value=lambda m: m.get("capacity_qps") or 0.0),
+    Limit("qps", "capacity_qps", at_most=False, value=lambda m: served_capacity(m)[0] or 0.0),
     Limit("min_accuracy", "accuracy", at_most=False, value=lambda m: m["accuracy"], scale=_scale),
     Limit("max_memory_bytes", "memory_bytes", at_most=True, value=memory_bytes),
     Limit("min_throughput_per_s", "throughput_per_s", at_most=False, value=lambda m: m["throughput_per_s"]),
@@ -143,15 +151,20 @@ class Judgement:
     violations: tuple[str, ...]
     distance: float
     undecided_only: bool
+    #: at a request rate: the capacity the rate was judged by, and "load-run" or "simulated, not load-run"
+    capacity: tuple[float | None, str] | None = None
 
     def to_dict(self, constraints: Constraints) -> dict[str, Any]:
-        return {
+        data = {
             **constraints.to_dict(),
             "p99_verdict": self.p99_verdict,
             "feasible": self.feasible,
             "undecided_only": self.undecided_only,
             "violations": list(self.violations),
         }
+        if self.capacity is not None:
+            data["capacity_qps"], data["capacity_source"] = self.capacity
+        return data
 
 
 def constraint_gaps(metrics: dict[str, Any], constraints: Constraints) -> dict[str, float]:
@@ -238,6 +251,7 @@ def evaluate(metrics: dict[str, Any], constraints: Constraints) -> Judgement:
         violations=tuple(violations),
         distance=total if math.isfinite(total) else 1e9,
         undecided_only=undecided and len(violations) == 1,
+        capacity=served_capacity(metrics) if constraints.qps else None,
     )
 
 
@@ -259,11 +273,17 @@ def _p99_violation(metrics: dict[str, Any], constraints: Constraints) -> tuple[s
 
 def _rate_violation(metrics: dict[str, Any], constraints: Constraints) -> str:
     """How a configuration falls short at the request rate, and whether it would meet the SLO alone."""
-    slo, rate, capacity = constraints.p99_ms or 0.0, constraints.qps or 0.0, metrics.get("capacity_qps")
-    if capacity is None:
-        phrase = f"it has no capacity at {format_ms(slo)}: its requests miss the SLO even at the lowest rate tried"
+    slo, rate = constraints.p99_ms or 0.0, constraints.qps or 0.0
+    capacity, source = served_capacity(metrics)
+    if not capacity:
+        how = "in load runs" if source == LOAD_RUN else "simulated"
+        phrase = (
+            f"it has no capacity at {format_ms(slo)} ({how}): its requests miss the SLO even at the lowest rate tried"
+        )
     else:
-        phrase = f"at {rate:,.4g} requests/s it is over its capacity of {capacity:,.4g}/s at {format_ms(slo)}"
+        phrase = (
+            f"at {rate:,.4g} requests/s it is over its capacity of {capacity:,.4g}/s at {format_ms(slo)} ({source})"
+        )
         if metrics.get("qps") == rate and metrics.get("request_p99_upper_ms") is not None:
             phrase += f" (its requests' P99 upper bound there is {format_ms(metrics['request_p99_upper_ms'])})"
     single = _single_call(metrics)
@@ -331,7 +351,7 @@ class Limits:
         throughput = parse_rate_per_s(rate) if isinstance(rate, str) else None if rate is None else float(rate)
         if throughput is not None and not throughput > 0:
             raise UsageError(f"A throughput floor must be positive, got {rate!r}; write it like '500/s'.")
-        qps = parse_rate_per_s(self.qps) if isinstance(self.qps, str) else None if self.qps is None else float(self.qps)
+        qps = None if self.qps is None else parse_request_rate(self.qps)
         if qps is not None and not qps > 0:
             raise UsageError(f"A request rate must be positive, got {self.qps!r}; write it like '800/s'.")
         return Constraints(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from pareto.errors import UsageError
@@ -96,6 +97,30 @@ def parse_rate_per_s(text: str | float | int) -> float:
     value = float(match.group(1))
     if not value > 0:
         raise UsageError(f"Throughput {text!r} must be positive; write it like {example}.")
+    return value
+
+
+def parse_request_rate(text: str | float | int) -> float:
+    """Parse a request rate (``800/s``, ``800 qps``, or a bare number, read as requests per second).
+
+    Raises:
+        UsageError: unreadable, not finite (``1e400/s``, ``nan``), or not above 0; one sentence each.
+    """
+    example = "'800/s' or 800"
+    if isinstance(text, bool):
+        raise UsageError(f"Cannot read the request rate {text!r}; write it like {example}.")
+    if isinstance(text, (int, float)):
+        value = float(text)
+    else:
+        match = _RATE.match(str(text))
+        try:
+            value = float(match.group(1)) if match is not None else float(str(text).strip())
+        except ValueError:
+            raise UsageError(f"Cannot read the request rate {text!r}; write it like {example}.") from None
+    if not math.isfinite(value):
+        raise UsageError(f"The request rate {text!r} is not a finite number of requests per second.")
+    if not value > 0:
+        raise UsageError(f"The request rate {text!r} must be above 0 requests per second.")
     return value
 
 

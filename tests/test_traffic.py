@@ -27,12 +27,27 @@ from tests.test_cli import pareto as run_cli
 QPS = 200.0
 
 
+#: few requests, replications and runs: the tiny task serves thousands a second
+TRAFFIC = {
+    "qps": f"{QPS:g}/s",
+    "requests": 1000,
+    "sweep_samples": 40,
+    "load_requests": 800,
+    "replications": 3,
+    "serve_runs": 2,
+    "serve_requests": 300,
+    "load_replications": 2,
+    "load_top": 1,
+    "load_min_s": 0.0,
+}
+
+
 def spec(**changes: object) -> SearchSpec:
     data = {
         "task": "tests.tiny_task:make_task",
         "study": "traffic",
         "slo": {"p99": "50ms"},
-        "traffic": {"qps": f"{QPS:g}/s", "requests": 1000, "sweep_samples": 40, "load_requests": 800},
+        "traffic": dict(TRAFFIC),
         "search": {"n_trials": 3, "seed": 1, "confirm_top": 0},
         "measure": {"device": "cpu", "threads": 1, "warmup": 5, "samples": 80, "rounds": 4, "contention_limit": None},
         "space": {"batch_size": [1, 4], "techniques": {"prune_structured": {"ratio": [0.25, 0.5]}}},
@@ -129,8 +144,14 @@ def test_a_rate_is_asked_of_a_study_searched_at_one_and_at_its_slo() -> None:
     assert Limits(qps=1000).constraints(at_rate).qps == 1000.0
     with pytest.raises(UsageError, match="found at its SLO of 7.00 ms, not at 5.00 ms"):
         Limits(slo_p99="5ms").constraints(at_rate)
-    with pytest.raises(UsageError, match="must be positive"):
+    with pytest.raises(UsageError, match="must be above 0 requests per second"):
         Limits(qps="-3/s").given()
+    for bad in ("1e400/s", "nan", "inf"):
+        with pytest.raises(UsageError, match="not a finite number"):
+            Limits(qps=bad).given()
+    with pytest.raises(UsageError, match="must be above 0"):
+        Limits(qps="0/s").given()
+    assert Limits(qps="300").constraints(at_rate).qps == 300.0  # a bare number is requests per second
 
 
 def test_single_stream_metrics_leave_the_traffic_fields_out() -> None:
@@ -155,6 +176,14 @@ def test_a_search_at_a_rate_stores_capacity_and_load_runs_and_reads_answer_at_a_
     assert any(point["qps"] == QPS for point in m["traffic_curve"])
     load = result.best.load_run
     assert load is not None and load["qps"] == QPS and load["requests"] > 0 and "generator" in load["method"]
+    assert load["replications"] == 2 and 1 <= len(load["runs"]) <= 2 and load["threads"] == m["serve_threads"]
+    # the serving path measured: two runs at each thread count tried, the costs drawn from them
+    assert {r["threads"] for r in m["serving_runs"]} == {1} and len(m["serving_runs"]) == 2  # threads 1 here
+    assert all(row["served_mean_ms"] > 0 for row in m["service_curve"])
+    # the load run decides: the pick's capacity was found by load runs, and a rate is judged by it
+    assert m["load_capacity_qps"] is not None and m["load_capacity_qps"] >= QPS
+    assert result.best.slo["capacity_source"] == "load-run"
+    assert result.best.slo["capacity_qps"] == m["load_capacity_qps"]
 
     engine = open_engine(db_url)
     try:
@@ -182,6 +211,11 @@ def test_a_search_at_a_rate_stores_capacity_and_load_runs_and_reads_answer_at_a_
         run_search(spec(traffic={}), db_url=db_url)
     with pytest.raises(UsageError, match="continue it at that rate"):
         run_search(spec(traffic={"qps": "300/s"}), db_url=db_url)
+    with pytest.raises(UsageError, match="traffic.seed = 0, not 7"):
+        run_search(spec(traffic={**TRAFFIC, "seed": 7}), db_url=db_url)
+    unnamed = {k: v for k, v in TRAFFIC.items() if k != "requests"}  # left out: the study's own
+    again = run_search(spec(traffic=unnamed, search={"n_trials": 1, "seed": 2, "confirm_top": 0}), db_url=db_url)
+    assert again.best is not None
     far = 2.0 * max(c.metrics["capacity_qps"] or 0 for c in everything)
     why = pareto.explain(study="traffic", qps=far, db=db_url)
     needs = [n for item in why["nearest"] for n in item["needs"]]
@@ -211,3 +245,11 @@ def test_the_cli_answers_a_rate_and_refuses_one_a_study_cannot_answer(db_url: st
     assert other.returncode == 2 and "found at its SLO" in one_sentence(other)
     bad = run_cli("best", "--db", db_url, "--qps", "fast", cwd=tmp_path)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    for text, says in (("1e400/s", "not a finite number"), ("0", "must be above 0"), ("nan", "not a finite number")):
+        refused = run_cli("best", "--db", db_url, "--qps", text, cwd=tmp_path)
+        assert refused.returncode == 2 and says in one_sentence(refused), text
+    bare = run_cli("best", "--db", db_url, "--json", "--qps", f"{QPS:g}", cwd=tmp_path)
+    assert bare.returncode == 0 and json.loads(bare.stdout)["slo"]["capacity_source"] in (
+        "load-run",
+        "simulated, not load-run",
+    )

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from pareto.errors import UsageError
 from pareto.limits import Limits
-from pareto.units import parse_duration_ms, parse_rate_per_s, parse_size_bytes
+from pareto.units import parse_duration_ms, parse_rate_per_s, parse_request_rate, parse_size_bytes
 
 # piped or captured output gets full-width tables instead of rich's 80-column default
 out = Console(highlight=False, width=None if sys.stdout.isatty() else 180)
@@ -36,6 +36,7 @@ class _Checked(click.ParamType):
 DURATION = _Checked("duration", parse_duration_ms)
 SIZE = _Checked("size", parse_size_bytes)
 RATE = _Checked("rate", parse_rate_per_s)
+REQUEST_RATE = _Checked("request rate", parse_request_rate)
 
 db_option = click.option(
     "--db", envvar="PARETO_DB_URL", help="Database URL [env PARETO_DB_URL; default sqlite:///pareto.db]."
@@ -75,8 +76,8 @@ def slo_options(func: Any) -> Any:
     func = click.option("--min-accuracy", type=float, help="Accuracy floor (the task's metric).")(func)
     func = click.option(
         "--qps",
-        type=RATE,
-        help="Requests per second arriving (Poisson), e.g. 800/s: the P99 is then every request's at that rate, "
+        type=REQUEST_RATE,
+        help="Requests per second arriving (Poisson), e.g. 800/s or 800: the P99 is then every request's at that rate, "
         "queued behind a dynamic batcher (a search needs --slo-p99; a read takes the study's SLO and rate).",
     )(func)
     func = click.option("--slo-p99", type=DURATION, help="P99 latency bound, e.g. 7ms, 500us.")(func)

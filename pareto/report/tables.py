@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 from rich.text import Text
 
-from pareto.metrics import METHOD_SEPARATOR
+from pareto.metrics import LOAD_RUN, METHOD_SEPARATOR, served_capacity
 from pareto.naming import describe_config
 from pareto.store.records import TrialState
 from pareto.units import format_bytes, format_ms
@@ -86,7 +86,7 @@ def frontier_table(
         }
         if traffic is not None:
             cells[f"req p99 ≤ @{traffic:,.4g}/s"] = format_ms(m.get("request_p99_upper_ms"))
-            cells["capacity/s"] = f"{m['capacity_qps']:,.0f}" if m.get("capacity_qps") else "none"
+            cells["capacity/s"] = _capacity_cell(m)
         table.add_row(*(cells[name] for name, _ in shown))
     if rows:
         m = rows[0]["metrics"]
@@ -98,8 +98,9 @@ def frontier_table(
             table.caption = (
                 f"p99 ≤: one call at the batch size, {_bound_words(m)}. req p99 ≤: every request's at "
                 f"{traffic:,.4g} requests/s (Poisson), queue and batcher simulated on the measured call times, "
-                "its bound the SLO verdict uses; capacity: the highest rate within the SLO. ✓: confirmed with "
-                "the baseline. Batch: the batcher's largest."
+                "its bound the SLO verdict uses; capacity: the highest rate within the SLO, found by load runs "
+                "(load-run) or simulated on the served batch costs (sim); a rate is judged by the load-run one "
+                "where it exists. ✓: confirmed with the baseline. Batch: the batcher's largest."
             )
     return table
 
@@ -155,22 +156,46 @@ def traffic_rows(grid: Table, pick: dict[str, Any]) -> None:
         f"request P99 {format_ms(m['request_p99_ms'])} (≤ {format_ms(upper)}), P50 {format_ms(m['request_p50_ms'])}, "
         f"max batch {m['max_batch']}, wait {format_ms(m['max_wait_ms'])} (simulated: {m['requests']} requests)",
     )
-    capacity = m.get("capacity_qps")
-    grid.add_row(
-        "capacity",
-        f"{capacity:,.0f} requests/s (max batch {m['capacity_max_batch']}, wait {format_ms(m['capacity_max_wait_ms'])})"
-        if capacity
-        else "none: its requests miss the SLO even at the lowest rate tried",
-    )
+    grid.add_row("capacity", capacity_words(m))
     load = pick.get("load_run")
     if load:
         kept = "kept up" if load["kept_up"] else "did not keep up"
         valid = "valid" if load["valid"] else f"not valid: {str(load['reason']).rstrip('.')}"
+        runs = f" over {load['replications']} runs" if load.get("replications", 1) > 1 else ""
         grid.add_row(
             "load run",
             f"request P99 {format_ms(load['p99_ms'])} (≤ {format_ms(load.get('p99_upper_ms'))}) at "
-            f"{load['qps']:,.4g}/s, {load['requests']} requests, {kept}, {valid}",
+            f"{load['qps']:,.4g}/s, {load['requests']} requests{runs}, max batch {load['max_batch']}, wait "
+            f"{format_ms(load['max_wait_ms'])}{_threads(load.get('threads'))}, {kept}, {valid}",
         )
+
+
+def _threads(count: int | None) -> str:
+    return f", {count} intra-op thread{'s' if count != 1 else ''}" if count else ""
+
+
+def capacity_words(m: dict[str, Any]) -> str:
+    """The capacity a rate is judged by, its source and batcher, and the simulated one beside a load-run one."""
+    simulated = m.get("capacity_qps")
+    sim = (
+        f"{simulated:,.0f} requests/s simulated, not load-run (max batch {m['capacity_max_batch']}, wait "
+        f"{format_ms(m['capacity_max_wait_ms'])}{_threads(m.get('serve_threads'))})"
+        if simulated
+        else "none simulated: its requests miss the SLO even at the lowest rate tried"
+    )
+    load = m.get("load_capacity_qps")
+    if load is None:
+        return sim
+    batcher = f"max batch {m.get('load_capacity_max_batch')}, wait {format_ms(m.get('load_capacity_max_wait_ms'))}"
+    found = f"{load:,.0f} requests/s load-run ({batcher})" if load else "none load-run: no rate tried met the SLO"
+    return f"{found}; {sim}"
+
+
+def _capacity_cell(m: dict[str, Any]) -> str:
+    capacity, source = served_capacity(m)
+    if not capacity:
+        return "none"
+    return f"{capacity:,.0f} {'load-run' if source == LOAD_RUN else 'sim'}"
 
 
 def _p99_text(m: dict[str, Any]) -> str:
@@ -339,7 +364,7 @@ def _trial_line(outcome: TrialOutcome) -> str:
     if outcome.state == TrialState.DUPLICATE:
         return line + f"  [dim](repeat of trial {outcome.repeat_of}, answered from the database; not counted)[/]"
     if m.get("scenario"):
-        capacity = f"{m['capacity_qps']:,.0f}/s" if m.get("capacity_qps") else "none"
+        capacity = f"{m['capacity_qps']:,.0f}/s simulated" if m.get("capacity_qps") else "none"
         line += f"  @{m['qps']:,.4g}/s req p99 ≤ {format_ms(m.get('request_p99_upper_ms'))}  capacity {capacity}"
     if m.get("discarded_rounds"):
         line += f"  [yellow]({m['discarded_rounds']} rounds discarded for contention)[/]"

@@ -301,7 +301,7 @@ _LIGHT_COLUMNS: dict[str, Any] = {
     "memory_bytes": func.coalesce(Measurement.memory_bytes, Measurement.params_bytes),
     "throughput_per_s": Measurement.throughput_per_s,
     # no capacity (requests miss the SLO even at the lowest rate): none at any rate
-    "capacity_qps": func.coalesce(Measurement.capacity_qps, 0.0),
+    "capacity_qps": func.coalesce(Measurement.load_capacity_qps, Measurement.capacity_qps, 0.0),
     "bytes_moved": Measurement.bytes_moved,
     "flops": Measurement.flops,
 }

@@ -3,86 +3,92 @@ batcher, requests sent on the simulation's schedule by a generator thread (``par
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from pareto.compress import Config
-from pareto.devices import as_args
-from pareto.errors import ParetoError, TechniqueError, UsageError
+from pareto.errors import MachineBusy, ParetoError, TechniqueError, UsageError
 from pareto.front import select_best
-from pareto.locks import timing_lock
-from pareto.measure.load import load_run
-from pareto.measure.queue import Batcher, buckets, poisson_arrivals
+from pareto.locks import gpu_work, timing_lock
+from pareto.measure.load import LoadRun, load_run
+from pareto.measure.queue import Batcher, poisson_arrivals, pool_replications, replica_seed
 from pareto.spec import Traffic
 from pareto.store import storage
 from pareto.study.assess import build_served
+from pareto.study.traffic import served_call
 from pareto.units import format_ms
 
 if TYPE_CHECKING:
-    from pareto.compress.served import Served
     from pareto.front import Candidate
     from pareto.limits import Constraints
     from pareto.store.records import StudyRecord
     from pareto.study.bench import Bench
-    from pareto.task import Task
-
-
-def served_call(served: Served, task: Task, max_batch: int, device: str) -> Callable[[int], object]:
-    """One batch of the served model at a bucket, inputs made beforehand (a CUDA call synchronized)."""
-    args = {bucket: as_args(task.example_input(bucket)) for bucket in buckets(max_batch)}
-    module, cuda = served.module, device.startswith("cuda")
-
-    def call(bucket: int) -> object:
-        with torch.inference_mode():
-            out = module(*args[bucket])
-        if cuda:
-            torch.cuda.synchronize(device)
-        return out
-
-    return call
+    from pareto.study.result import SearchResult
 
 
 class Target:
     """A stored configuration built once and served for load runs: its batch calls, its batcher settings
     (the simulation's choice at the study's rate) and where each run is stored."""
 
-    def __init__(self, bench: Bench, candidate: Candidate, batcher: Batcher | None = None) -> None:
+    def __init__(
+        self, bench: Bench, candidate: Candidate, batcher: Batcher | None = None, *, min_s: float = 1.0
+    ) -> None:
         config = Config.from_dict(candidate.config)
         served, _ = build_served(bench.task, config, bench.device, bench.threads)
         if served.ready is not None:
             served.ready()
         m = candidate.metrics
         self.bench, self.candidate, self.description = bench, candidate, config.describe()
+        self.min_s = min_s  # the shortest schedule of one run (``traffic.load_min_s``)
+        self.threads = int(m.get("serve_threads") or bench.threads)  # as the serving runs chose
         self.batcher = batcher or Batcher(max_batch=int(m["max_batch"]), max_wait_ms=float(m["max_wait_ms"]))
         self.call = served_call(served, bench.task, self.batcher.max_batch, bench.device)
 
-    def run(self, rate: float, requests: int, *, seed: int, run_id: int | None) -> dict[str, Any]:
-        """One load run at ``rate`` on the seeded Poisson schedule (the simulation's for the same seed), at
-        the bench's thread count under the device's timing lock; stored, and returned as stored:
-        ``LoadRun.to_dict()`` at ``rate`` (``schedule_qps``: the schedule's own)."""
-        arrivals = poisson_arrivals(rate, requests, seed)
+    def run(
+        self, rate: float, requests: int, *, seed: int, run_id: int | None, replications: int = 1
+    ) -> dict[str, Any]:
+        """``replications`` load runs at ``rate``, each on its own seeded Poisson schedule (the first the
+        simulation's for the same seed; ``replica_seed``), at the bench's thread count under the device's
+        timing lock, stopped at the first that does not count (over capacity: the rate misses); pooled
+        (``combine_runs``), stored, and returned as stored."""
+        count = _run_requests(rate, requests, self.min_s)
         threads = torch.get_num_threads()
-        torch.set_num_threads(self.bench.threads)
+        torch.set_num_threads(self.threads)
+        runs: list[LoadRun] = []
         try:
             with timing_lock(self.bench.device, what=f"load run of {self.description}"):
-                result = load_run(
-                    self.call,
-                    arrivals,
-                    self.batcher,
-                    confidence=self.candidate.metrics["confidence"],
-                    timeout_s=_load_timeout(arrivals),
-                )
+                for replica in range(replications):
+                    arrivals = poisson_arrivals(rate, count, replica_seed(seed, replica))
+                    confidence = self.candidate.metrics["confidence"]
+                    runs.append(
+                        load_run(
+                            self.call, arrivals, self.batcher, confidence=confidence, timeout_s=_load_timeout(arrivals)
+                        )
+                    )
+                    if not runs[-1].valid:
+                        break
         finally:
             torch.set_num_threads(threads)
         assert self.candidate.measurement_id is not None
-        data = {**result.to_dict(), "qps": rate, "schedule_qps": result.qps}
+        data = {**combine_runs(runs, rate, replications), "threads": self.threads}
         storage.save_load_run(self.bench.engine, self.candidate.measurement_id, run_id, data)
         return data
 
     def capacity(
-        self, slo_ms: float, low: float, high: float, *, requests: int, seed: int, rel_tol: float = 0.05
+        self,
+        slo_ms: float,
+        low: float,
+        high: float,
+        *,
+        requests: int,
+        seed: int,
+        rel_tol: float = 0.05,
+        replications: int = 1,
     ) -> tuple[float | None, list[dict[str, Any]]]:
         """The highest rate whose load run is valid with its request P99 bound within ``slo_ms``, by bisection
         on log(rate) between ``low`` and ``high`` (widened by halving or doubling until one meets and one
@@ -90,15 +96,17 @@ class Target:
         runs: list[dict[str, Any]] = []
 
         def meets(rate: float) -> bool:
-            runs.append(self.run_checked(rate, requests, seed=seed, run_id=None))
-            return _meets(runs[-1], slo_ms)
+            runs.append(self.run_checked(rate, requests, seed=seed, run_id=None, replications=replications))
+            return load_meets(runs[-1], slo_ms)
 
         return bisect_rate(meets, low, high, rel_tol=rel_tol), runs
 
-    def run_checked(self, rate: float, requests: int, *, seed: int, run_id: int | None) -> dict[str, Any]:
+    def run_checked(
+        self, rate: float, requests: int, *, seed: int, run_id: int | None, replications: int = 1
+    ) -> dict[str, Any]:
         """``run``, a model that fails under load a ``TechniqueError`` with the reason (one sentence)."""
         try:
-            return self.run(rate, requests, seed=seed, run_id=run_id)
+            return self.run(rate, requests, seed=seed, run_id=run_id, replications=replications)
         except ParetoError:
             raise
         except Exception as exc:
@@ -132,12 +140,72 @@ def bisect_rate(
     return low
 
 
+#: The longest schedule one load run may have.
+MAX_RUN_S = 600.0
+
+
+def _run_requests(rate: float, requests: int, min_s: float) -> int:
+    """The requests of one run at ``rate``: ``requests``, more when they would span under ``min_s``
+    (``traffic.load_min_s``: a run over in 0.2 s says little of a server's steady state).
+
+    Raises:
+        UsageError: the schedule would last longer than ``MAX_RUN_S``.
+    """
+    if not math.isfinite(rate) or rate <= 0:
+        raise UsageError(f"A load run needs a finite rate above 0 requests/s, got {rate!r}.")
+    span = requests / rate
+    if span > MAX_RUN_S:
+        raise UsageError(
+            f"A load run of {requests} requests at {rate:,.4g} requests/s would last {span / 60:,.0f} minutes "
+            f"(one run may last {MAX_RUN_S / 60:.0f}); ask for a higher rate or fewer requests (--requests)."
+        )
+    return max(requests, math.ceil(rate * min_s))
+
+
+def combine_runs(runs: list[LoadRun], rate: float, replications: int) -> dict[str, Any]:
+    """Load runs at one rate as one stored record: the pooled request summary with the P99 bound from the
+    runs' spread (``pool_replications``), valid when every run counted and all ``replications`` ran; each
+    run's own figures under ``runs``."""
+    first = runs[0]
+    data = {**first.to_dict(), "qps": rate, "schedule_qps": first.qps}
+    if replications == 1:
+        return data
+    kept = [r.requests.latency_s[-r.summary.requests :] * 1e3 for r in runs]
+    pooled = pool_replications([r.summary for r in runs], kept)
+    bad = next((i for i, r in enumerate(runs) if not r.valid), None)
+    calls: dict[str, list[float]] = {}
+    for r in runs:
+        for bucket, ms in r.call_ms().items():
+            calls.setdefault(bucket, []).append(ms)
+    return {
+        **data,
+        **pooled.to_dict(),
+        "issued": sum(r.issued for r in runs),
+        "issue_lag_p99_ms": max(r.issue_lag_p99_ms for r in runs),
+        "achieved_qps": min(r.achieved_qps for r in runs),
+        "backlog_ms": max(r.backlog_ms for r in runs),
+        "kept_up": all(r.kept_up for r in runs),
+        "valid": bad is None and len(runs) == replications,
+        "reason": None if bad is None else f"replication {bad + 1} of {replications}: {runs[bad].reason}",
+        "batches": sum(r.batches for r in runs),
+        "call_ms": {b: float(np.mean(v)) for b, v in calls.items()},
+        "elapsed_s": sum(r.elapsed_s for r in runs),
+        "method": f"{first.method}; {replications} independent runs on their own seeded schedules, stopped at "
+        "the first that did not count, the P99 bound the pooled P99 + t(confidence, R-1) × the runs' P99 "
+        "standard deviation / √R",
+        "runs": [{k: r.to_dict()[k] for k in _RUN_KEYS} for r in runs],
+    }
+
+
+_RUN_KEYS = ("qps", "p50_ms", "p99_ms", "p99_upper_ms", "requests", "kept_up", "valid", "reason", "backlog_ms")
+
+
 def _load_timeout(arrivals: Any) -> float:
     """The schedule's span and as much again, at least 10 s: a run still queued then is over capacity."""
     return max(10.0, 2.0 * float(arrivals[-1]))
 
 
-def _meets(load: dict[str, Any], slo_ms: float) -> bool:
+def load_meets(load: dict[str, Any], slo_ms: float) -> bool:
     upper = load.get("p99_upper_ms")
     return bool(load["valid"]) and upper is not None and upper <= slo_ms
 
@@ -148,8 +216,9 @@ def describe_load(load: dict[str, Any], slo_ms: float) -> str:
     bound = f"request P99 ≤ {format_ms(upper)}" if upper is not None else f"request P99 {format_ms(load['p99_ms'])}"
     if not load["valid"]:
         return f"{bound}, not valid: {load['reason'].rstrip('.')}"
-    verdict = "meets" if _meets(load, slo_ms) else "misses"
-    return f"{bound} in {load['requests']} requests, kept up: {verdict} {format_ms(slo_ms)}"
+    verdict = "meets" if load_meets(load, slo_ms) else "misses"
+    runs = f" over {load['replications']} runs" if load.get("replications", 1) > 1 else ""
+    return f"{bound} in {load['requests']} requests{runs}, kept up: {verdict} {format_ms(slo_ms)}"
 
 
 def confirm_at_rate(
@@ -168,11 +237,85 @@ def confirm_at_rate(
         None,
     )
     assert traffic.qps is not None
-    load = Target(bench, pick).run_checked(traffic.qps, traffic.load_requests, seed=seed, run_id=run_id)
+    at: dict[str, Any] = {"seed": seed, "run_id": run_id, "replications": traffic.load_replications}
+    load = Target(bench, pick, served_batcher(pick), min_s=traffic.load_min_s).run_checked(
+        traffic.qps, traffic.load_requests, **at
+    )
     pick.load_run = load
     if base is None or base.trial == pick.trial:
         return load, None
-    return load, Target(bench, base).run_checked(traffic.qps, traffic.load_requests, seed=seed, run_id=run_id)
+    base_target = Target(bench, base, served_batcher(base), min_s=traffic.load_min_s)
+    return load, base_target.run_checked(traffic.qps, traffic.load_requests, **at)
+
+
+def served_batcher(candidate: Candidate) -> Batcher | None:
+    """The batcher settings a configuration's load-run capacity was found with (those it is served with
+    from then on), None when it has none (the simulation's choice at the rate is used)."""
+    m = candidate.metrics
+    if m.get("load_capacity_qps") is None or m.get("load_capacity_max_batch") is None:
+        return None
+    return Batcher(max_batch=int(m["load_capacity_max_batch"]), max_wait_ms=float(m["load_capacity_max_wait_ms"]))
+
+
+def demote(bench: Bench, candidate: Candidate, rate: float, slo_ms: float) -> float:
+    """A configuration whose load run missed ``rate``: its load-run capacity becomes the highest rate below
+    ``rate`` at which its stored load runs met ``slo_ms`` (0.0 when none did), stored; returned."""
+    assert candidate.measurement_id is not None
+    met = storage.met_rates(bench.engine, candidate.measurement_id, slo_ms)
+    below = max((r for r in met if r < rate), default=0.0)
+    m = candidate.metrics
+    storage.set_load_capacity(
+        bench.engine,
+        candidate.measurement_id,
+        below,
+        m.get("load_capacity_max_batch"),
+        m.get("load_capacity_max_wait_ms"),
+    )
+    m["load_capacity_qps"] = below
+    return below
+
+
+def find_load_capacity(
+    bench: Bench,
+    candidate: Candidate,
+    traffic: Traffic,
+    slo_ms: float,
+    *,
+    requests: int | None = None,
+    run_id: int | None = None,
+) -> tuple[float | None, Batcher, list[dict[str, Any]]]:
+    """The capacity load runs find for ``candidate`` (bisection on the rate around its simulated capacity,
+    with the batcher the simulation chose there, ``traffic.load_replications`` runs per rate), stored as
+    its load-run capacity (0.0 when no rate met the SLO): the rate (None: none met), the batcher, the runs.
+
+    Raises:
+        UsageError: the configuration has no simulated capacity to search around.
+    """
+    m = candidate.metrics
+    if not m.get("capacity_qps"):
+        raise UsageError(
+            f"Trial {candidate.trial} has no simulated capacity within {format_ms(slo_ms)} to search around."
+        )
+    batcher = Batcher(max_batch=int(m["capacity_max_batch"]), max_wait_ms=float(m["capacity_max_wait_ms"]))
+    simulated = float(m["capacity_qps"])
+    found, runs = Target(bench, candidate, batcher, min_s=traffic.load_min_s).capacity(
+        slo_ms,
+        0.8 * simulated,
+        1.25 * simulated,
+        requests=requests or traffic.load_requests,
+        seed=traffic.seed,
+        replications=traffic.load_replications,
+    )
+    assert candidate.measurement_id is not None
+    storage.set_load_capacity(
+        bench.engine, candidate.measurement_id, found or 0.0, batcher.max_batch, batcher.max_wait_ms
+    )
+    candidate.metrics.update(
+        load_capacity_qps=found or 0.0,
+        load_capacity_max_batch=batcher.max_batch,
+        load_capacity_max_wait_ms=batcher.max_wait_ms,
+    )
+    return found, batcher, runs
 
 
 def load_study(
@@ -207,22 +350,20 @@ def load_study(
     seed, count, slo, m = traffic.seed, requests or traffic.load_requests, constraints.p99_ms, candidate.metrics
     head = {"study": study.name, "trial": candidate.trial, "description": candidate.description, "slo_ms": slo}
     if not capacity:
-        run = Target(bench, candidate).run_checked(constraints.qps, count, seed=seed, run_id=None)
+        replications = traffic.load_replications
+        run = Target(bench, candidate, min_s=traffic.load_min_s).run_checked(
+            constraints.qps, count, seed=seed, run_id=None, replications=replications
+        )
         simulated = m.get("request_p99_upper_ms") if m.get("qps") == constraints.qps else None
         return {
             **head,
             "qps": constraints.qps,
             "simulated_p99_upper_ms": simulated,
-            "meets": _meets(run, slo),
+            "meets": load_meets(run, slo),
             "load_run": run,
         }
-    if not m.get("capacity_qps"):
-        raise UsageError(f"Trial {candidate.trial} has no simulated capacity within {format_ms(slo)} to search around.")
-    batcher = Batcher(max_batch=int(m["capacity_max_batch"]), max_wait_ms=float(m["capacity_max_wait_ms"]))
-    simulated = float(m["capacity_qps"])
-    found_qps, runs = Target(bench, candidate, batcher).capacity(
-        slo, 0.8 * simulated, 1.25 * simulated, requests=count, seed=seed
-    )
+    simulated = m.get("capacity_qps")
+    found_qps, batcher, runs = find_load_capacity(bench, candidate, traffic, slo, requests=count)
     return {
         **head,
         "simulated_capacity_qps": simulated,
@@ -231,3 +372,84 @@ def load_study(
         "max_wait_ms": batcher.max_wait_ms,
         "runs": runs,
     }
+
+
+@dataclass(frozen=True)
+class LoadContext:
+    """What the load runs after a search work with: the bench, the study and its limits."""
+
+    bench: Bench
+    study_id: int
+    study: str
+    traffic: Traffic
+    constraints: Constraints
+
+
+def decide(
+    ctx: LoadContext, make: Callable[[], SearchResult], notice: Callable[[str], None], *, run_id: int | None
+) -> SearchResult:
+    """At a request rate the load runs decide: while the pick has no load-run capacity (at most
+    ``traffic.load_top`` of them), load runs find its capacity (stored; reads judge by it) and the pick is
+    chosen again; then the pick and its baseline are load-run at the study's rate, and a pick whose run
+    misses the rate is not the pick (``demote``) and the next one is tried. Without a rate, or with
+    ``load_runs`` off: ``make()``."""
+    traffic, slo = ctx.traffic, ctx.constraints.p99_ms or 0.0
+    result = make()
+    if traffic.qps is None or not traffic.load_runs:
+        return result
+    budget = traffic.load_top
+    for _ in range(2 * traffic.load_top + 2):
+        pick = result.best
+        if pick is None:
+            break
+        if pick.metrics.get("load_capacity_qps") is None and budget > 0:
+            budget -= 1
+            if not _find(ctx, pick, notice, run_id):
+                break
+            result = make()
+            continue
+        result.baseline_load_run = _at_rate(ctx, pick, notice, run_id)
+        if pick.load_run is None or load_meets(pick.load_run, slo):
+            break
+        below = demote(ctx.bench, pick, traffic.qps, slo)
+        notice(
+            f"Trial {pick.trial} missed {traffic.qps:,.4g} requests/s in its load run, so it is not the pick: its "
+            f"load-run capacity is now {below:,.4g}/s (the highest rate it met below); choosing again."
+        )
+        result = make()
+    return result
+
+
+def _find(ctx: LoadContext, pick: Candidate, notice: Callable[[str], None], run_id: int | None) -> bool:
+    """Load runs find the capacity of ``pick`` (``find_load_capacity``), said; False when they could not run."""
+    slo = ctx.constraints.p99_ms or 0.0
+    simulated = pick.metrics.get("capacity_qps") or 0.0
+    try:
+        with gpu_work(ctx.bench.device, what=f"study {ctx.study!r}: load runs"):
+            found, _, runs = find_load_capacity(ctx.bench, pick, ctx.traffic, slo, run_id=run_id)
+    except (TechniqueError, MachineBusy, UsageError) as exc:  # every trial is stored: the search's answer stands
+        notice(f"No load-run capacity now: {str(exc).rstrip('.')}; run 'pareto load --capacity' later.")
+        return False
+    said = f"{found:,.0f}/s ({found / simulated:.2f}× the simulated {simulated:,.0f}/s)" if found else "none"
+    notice(f"Load-run capacity of trial {pick.trial} within {format_ms(slo)}: {said}, {len(runs)} rates run.")
+    return True
+
+
+def _at_rate(
+    ctx: LoadContext, pick: Candidate, notice: Callable[[str], None], run_id: int | None
+) -> dict[str, Any] | None:
+    """The pick and its baseline in real load runs at the study's rate (``confirm_at_rate``), said; the
+    baseline's run returned (the pick's is its ``load_run``)."""
+    traffic, slo = ctx.traffic, ctx.constraints.p99_ms or 0.0
+    assert traffic.qps is not None
+    try:
+        with gpu_work(ctx.bench.device, what=f"study {ctx.study!r}: load runs"):
+            load, base = confirm_at_rate(ctx.bench, ctx.study_id, traffic, pick, seed=traffic.seed, run_id=run_id)
+    except (TechniqueError, MachineBusy, UsageError) as exc:  # every trial is stored: the search's answer stands
+        notice(f"No load run now: {str(exc).rstrip('.')}; run 'pareto load' to try again.")
+        return None
+    rate = f"{traffic.qps:,.4g} requests/s"
+    notice(f"Load run of the pick (trial {pick.trial}) at {rate}: {describe_load(load, slo)}.")
+    if base is not None:
+        notice(f"Load run of the baseline at the same batch size at {rate}: {describe_load(base, slo)}.")
+    return base

@@ -7,8 +7,10 @@ configurations re-measured in interleaved rounds with the baseline) → ``_resul
 
 from __future__ import annotations
 
+import functools
 import logging
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Protocol
@@ -57,13 +59,14 @@ from pareto.study.bench import (
 )
 from pareto.study.claims import Claims, Twin
 from pareto.study.confirmation import ConfirmResult, confirm_pick, load_candidates
-from pareto.study.load_runs import confirm_at_rate, describe_load
+from pareto.study.load_runs import LoadContext, decide
 from pareto.study.result import SearchResult, TrialOutcome
 from pareto.study.samplers import FLAT, failed_values, failure_gaps, make_sampler, space_size, start_trial, suggest
 from pareto.study.samplers import grid as grid_of
 from pareto.study.space_checks import available_techniques, space_for_device, steer_space
 from pareto.study.studies import (
     adopt_stored_objectives,
+    adopt_stored_traffic,
     directions,
     fail_stale_trials,
     get_or_create_study,
@@ -146,7 +149,8 @@ def run_search(spec: SearchSpec, *, db_url: str, reporter: Reporter | None = Non
     if loop.baseline_failed is not None:
         raise BaselineFailed(loop.baseline_failed)
     confirmation = None if loop.interrupted or loop.stopped_busy else confirm_search(setup, run, reporter)
-    result = search_result(
+    make = functools.partial(
+        search_result,
         setup,
         trials_run=len(outcomes),
         measured=sum(o.state == TrialState.COMPLETE for o in outcomes),
@@ -154,8 +158,7 @@ def run_search(spec: SearchSpec, *, db_url: str, reporter: Reporter | None = Non
         interrupted=loop.interrupted,
         confirmation=confirmation,
     )
-    if not (loop.interrupted or loop.stopped_busy):
-        result.baseline_load_run = load_run_pick(setup, run, result.best, reporter)
+    result = make() if loop.interrupted or loop.stopped_busy else served_pick(setup, run, make, reporter)
     result.stopped_busy = loop.stopped_busy
     result.repeats = sum(o.state == TrialState.DUPLICATE for o in outcomes)
     result.rejected = sum(o.state == TrialState.PRUNED for o in outcomes)
@@ -179,7 +182,7 @@ def prepare(spec: SearchSpec, db_url: str, reporter: Reporter) -> SearchSetup:
     for name, reason in skipped:
         reporter.notice(f"Skipping technique {name}: {reason}")
     with writing(bench.engine) as w:
-        spec = adopt_stored_objectives(w, spec)
+        spec = adopt_stored_traffic(w, adopt_stored_objectives(w, spec))
         previous = stored_sampler(w, spec.study_name)
         study_row = get_or_create_study(w, spec)
         study_id, stored = study_row.id, w.trial_count(study_row)
@@ -505,29 +508,16 @@ def confirm_search(setup: SearchSetup, run: RunHandle, reporter: Reporter) -> Co
     return result
 
 
-def load_run_pick(
-    setup: SearchSetup, run: RunHandle, pick: Candidate | None, reporter: Reporter
-) -> dict[str, Any] | None:
-    """At a request rate: the pick and its baseline in real load runs (``pareto.study.load_runs``), said;
-    the baseline's run returned (the pick's is its ``load_run``). Nothing without a rate or a pick."""
-    traffic = setup.spec.traffic
-    if traffic.qps is None or not traffic.load_runs or pick is None:
-        return None
-    slo = setup.constraints.p99_ms or 0.0
-    try:
-        with gpu_work(setup.bench.device, what=f"study {setup.spec.study_name!r}: load runs"):
-            load, base = confirm_at_rate(
-                setup.bench, setup.study_id, traffic, pick, seed=traffic.seed, run_id=run.run_id
-            )
-    except (TechniqueError, MachineBusy, UsageError) as exc:  # every trial is stored: the search's answer stands
-        reporter.notice(f"No load run now: {str(exc).rstrip('.')}; run 'pareto load' to try again.")
-        return None
-    rate = f"{setup.spec.traffic.qps:,.4g} requests/s"
-    reporter.notice(f"Load run of the pick (trial {pick.trial}) at {rate}: {describe_load(load, slo)}.")
-    if base is None:
-        return None
-    reporter.notice(f"Load run of the baseline at the same batch size at {rate}: {describe_load(base, slo)}.")
-    return base
+def served_pick(
+    setup: SearchSetup, run: RunHandle, make: Callable[[], SearchResult], reporter: Reporter
+) -> SearchResult:
+    """At a request rate the load runs decide (``pareto.study.load_runs.decide``); else ``make()``."""
+    return decide(
+        LoadContext(setup.bench, setup.study_id, setup.spec.study_name, setup.spec.traffic, setup.constraints),
+        make,
+        reporter.notice,
+        run_id=run.run_id,
+    )
 
 
 def search_result(

@@ -108,6 +108,44 @@ def adopt_stored_objectives(w: Writer, spec: SearchSpec) -> SearchSpec:
     return spec.model_copy(update={"objectives": row.spec["objectives"]})
 
 
+#: What makes a traffic study's schedules and simulation: every trial of a study shares them.
+SCHEDULE_FIELDS = (
+    "seed",
+    "max_wait",
+    "requests",
+    "replications",
+    "sweep_samples",
+    "serve_runs",
+    "serve_requests",
+    "serve_threads",
+)
+
+
+def adopt_stored_traffic(w: Writer, spec: SearchSpec) -> SearchSpec:
+    """Continuing a study at a rate keeps its schedule settings (``SCHEDULE_FIELDS``), so that later trials
+    run on the same arrivals and simulation as earlier ones; the settings it does not name are taken from it.
+
+    Raises:
+        UsageError: the spec names another value for one of them.
+    """
+    row = w.study_named(spec.study_name)
+    stored = (row.spec.get("traffic") or {}) if row is not None else {}
+    if spec.traffic.qps is None or not stored.get("qps"):
+        return spec
+    update: dict[str, Any] = {}
+    for name in SCHEDULE_FIELDS:
+        if name not in stored:  # stored before the setting existed: the new default
+            continue
+        if name in spec.traffic.model_fields_set and getattr(spec.traffic, name) != stored[name]:
+            raise UsageError(
+                f"Study {spec.study_name!r} was searched with traffic.{name} = {stored[name]!r}, not "
+                f"{getattr(spec.traffic, name)!r}; every trial of a study shares it, so leave it out to continue, "
+                "or pick another --study name."
+            )
+        update[name] = stored[name]
+    return spec.model_copy(update={"traffic": spec.traffic.model_copy(update=update)})
+
+
 def stored_sampler(w: Writer, study_name: str) -> str | None:
     """The sampler the study's last run used (stored with its spec), or None for a new study."""
     row = w.study_named(study_name)

@@ -14,6 +14,7 @@ configurations with the baseline and reports the study, as a single search does.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -33,10 +34,10 @@ from pareto.study.search import (
     confirm_search,
     enqueue_baselines,
     enqueue_start,
-    load_run_pick,
     optuna_study,
     prepare,
     search_result,
+    served_pick,
 )
 
 #: The most local workers: beyond a few per core they only queue for the timing lock.
@@ -102,7 +103,8 @@ def run_workers(spec: SearchSpec, *, db_url: str, workers: int, reporter: Report
     stopped_busy = any(r.stopped_busy for r in results)
     finish_run(setup.bench, run, workers=workers, interrupted=interrupted, stopped_busy=stopped_busy)
     confirmation = None if interrupted or stopped_busy else confirm_search(setup, run, reporter)
-    result = search_result(
+    make = functools.partial(
+        search_result,
         setup,
         trials_run=sum(r.trials_run for r in results),
         measured=sum(r.measured for r in results),
@@ -110,8 +112,7 @@ def run_workers(spec: SearchSpec, *, db_url: str, workers: int, reporter: Report
         interrupted=interrupted,
         confirmation=confirmation,
     )
-    if not (interrupted or stopped_busy):
-        result.baseline_load_run = load_run_pick(setup, run, result.best, reporter)
+    result = make() if interrupted or stopped_busy else served_pick(setup, run, make, reporter)
     result.stopped_busy = stopped_busy
     result.repeats = sum(r.repeats for r in results)
     result.rejected = sum(r.rejected for r in results)
