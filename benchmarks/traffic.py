@@ -96,7 +96,7 @@ def _capacity(study: str, db: str, trial: int, role: str, requests: int) -> dict
     answer = pareto.load_run(study=study, trial=trial, capacity=True, requests=requests, db=db)
     metrics = next(t["metrics"] for t in pareto.trials(study=study, db=db) if t["trial"] == trial)
     alone = {str(row["batch"]): row["mean_ms"] for row in metrics["service_curve"]}
-    return {**answer, "role": role, "alone_ms": alone}
+    return {**answer, "role": role, "alone_ms": alone, "threads": metrics.get("serve_threads")}
 
 
 def _overhead(row: dict[str, Any]) -> str:
@@ -149,7 +149,7 @@ def _report(
         "",
         f"Pick: trial {result.best.trial} {result.best.description}; {result.measured} configurations measured.",
         "",
-        "| configuration | batcher at capacity | simulated capacity | load-run capacity | load / simulated "
+        "| configuration | batcher at capacity, threads | simulated capacity | load-run capacity | load / simulated "
         "| at the load-run capacity: mean call, in the run and alone |",
         "|---|---|---|---|---|---|",
     ]
@@ -157,9 +157,18 @@ def _report(
         sim, load = row["simulated_capacity_qps"], row["load_capacity_qps"]
         lines.append(
             f"| {row['role']}: trial {row['trial']} {row['description']} | max {row['max_batch']}, wait "
-            f"{format_ms(row['max_wait_ms'])} | {sim:,.0f}/s | {f'{load:,.0f}/s' if load else 'none'} | "
+            f"{format_ms(row['max_wait_ms'])}, {row['threads']} | {sim:,.0f}/s | {f'{load:,.0f}/s' if load else 'none'} | "
             f"{f'{load / sim:.2f}×' if load else '—'} | {_overhead(row)} |"
         )
+    load = result.best.load_run
+    if load is not None:
+        lines += [
+            "",
+            f"The pick's load run at the study's rate after the search ({load['qps']:,.0f}/s, "
+            f"{load.get('replications', 1)} runs): request P99 {format_ms(load['p99_ms'])}, bound "
+            f"{format_ms(load.get('p99_upper_ms'))}, valid {load['valid']}; the pick's capacity as reported: "
+            f"{result.best.slo.get('capacity_qps') or 0:,.0f}/s ({result.best.slo.get('capacity_source')}).",
+        ]
     lines += ["", *_rate_check(spec.study_name, args.db, rows, args.requests)]
     return "\n".join(lines)
 

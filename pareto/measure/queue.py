@@ -439,15 +439,19 @@ def best_at_rate(
     seed: int,
     confidence: float,
     replications: int = 1,
+    min_span_s: float = 0.0,
 ) -> RatePoint:
     """Simulate every batcher on the same Poisson arrivals and service draws (common random numbers) and
     keep the one with the lowest P99 upper bound (None counts as +inf); ties go to the lower P99, then
     the smaller max batch, then the shorter wait. The first ``requests // 20`` requests are left out.
     With ``replications`` > 1 each batcher runs that many independent replications of ``requests``
-    (``replica_seed``), pooled by ``pool_replications``."""
+    (``replica_seed``), pooled by ``pool_replications``. ``min_span_s``: each replication holds at least
+    that many seconds of arrivals (more requests at a high rate), as long as a load run's schedule: near
+    capacity a queue's P99 grows with the span observed, so a short run would flatter it."""
     chosen = _check_batchers(batchers)
     count = _check_int("replications", replications, 1)
     level = _check_confidence(confidence)
+    requests = max(requests, math.ceil(_check_positive("rate_per_s", rate_per_s) * min_span_s))
     skip = requests // _WARMUP_SHARE
     runs: dict[Batcher, list[tuple[RequestSummary, np.ndarray]]] = {b: [] for b in chosen}
     for replica in range(count):
@@ -479,6 +483,7 @@ def capacity(
     confidence: float,
     rel_tol: float = 0.02,
     replications: int = 1,
+    min_span_s: float = 0.0,
 ) -> RatePoint | None:
     """The highest arrival rate whose best P99 upper bound is within ``slo_ms``, with the batcher that
     gets there.
@@ -494,7 +499,7 @@ def capacity(
     high = service.saturation_qps(max(b.max_batch for b in chosen))
     low = high * _LOW_FRACTION
     kwargs: dict[str, Any] = {"requests": requests, "seed": seed, "confidence": confidence}
-    kwargs["replications"] = replications
+    kwargs["replications"], kwargs["min_span_s"] = replications, min_span_s
     best = best_at_rate(low, service, chosen, **kwargs)
     if not _meets(best, slo):
         return None
@@ -517,10 +522,12 @@ def traffic_curve(
     seed: int,
     confidence: float,
     replications: int = 1,
+    min_span_s: float = 0.0,
 ) -> list[RatePoint]:
     """``best_at_rate`` at each rate, in the order given."""
     kwargs: dict[str, Any] = {"requests": requests, "seed": seed, "confidence": confidence}
-    return [best_at_rate(rate, service, batchers, **kwargs, replications=replications) for rate in rates]
+    kwargs["replications"], kwargs["min_span_s"] = replications, min_span_s
+    return [best_at_rate(rate, service, batchers, **kwargs) for rate in rates]
 
 
 def batchers_for(max_batch: int, waits_ms: Sequence[float]) -> list[Batcher]:

@@ -164,7 +164,9 @@ def served_service(
     tried: dict[int, tuple[ServiceTimes, list[dict[str, Any]], float]] = {}
     for count in serve_thread_options(traffic, threads):
         service, runs = _serve_at(call, alone, batch_size, traffic, slo_ms, sim, device=device, threads=count)
-        point = capacity(service, slo_ms, options, **sim, replications=traffic.replications)
+        point = capacity(
+            service, slo_ms, options, **sim, replications=traffic.replications, min_span_s=traffic.load_min_s
+        )
         tried[count] = (service, [{**r, "threads": count} for r in runs], point.qps if point is not None else 0.0)
     chosen = max(tried, key=lambda t: (tried[t][2], -t))
     return ServedCosts(
@@ -287,7 +289,7 @@ def traffic_fields(
     assert traffic.qps is not None
     options = batchers(batch_size, traffic, slo_ms)
     sim: dict[str, Any] = {"requests": traffic.requests, "seed": seed, "confidence": confidence}
-    sim["replications"] = traffic.replications
+    sim["replications"], sim["min_span_s"] = traffic.replications, traffic.load_min_s
     at = best_at_rate(traffic.qps, service, options, **sim)
     most = capacity(service, slo_ms, options, **sim)
     rates = {traffic.qps, *(f * most.qps for f in CURVE_FRACTIONS)} if most is not None else {traffic.qps}

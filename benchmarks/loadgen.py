@@ -1,0 +1,216 @@
+"""MLPerf LoadGen's Server scenario as the yardstick of pareto's capacity (issue 45).
+
+LoadGen (``pip install mlcommons-loadgen``, the reference load generator of MLPerf Inference) sends
+Poisson queries from its own C++ thread at ``server_target_qps``, times each from its *scheduled* issue to
+its completion, and reports the 99th percentile with its own validity rules (early stopping). Here it
+drives a stored configuration of a study searched at a rate, served exactly as pareto serves it in a load
+run: the same model build, the same padded buckets, a batcher thread with the same policy (one batch at a
+time; a full batch at once, otherwise what is queued when the oldest query has waited the longest wait).
+What differs from ``pareto load``: the generator (LoadGen's thread, not pareto's), the clock (LoadGen's),
+and the percentile (LoadGen's own, no confidence bound).
+
+For each rate asked (default: the study's rate, and the configuration's reported capacity), it prints
+LoadGen's P99 and validity beside pareto's own load run at the same rate (``pareto load``, on its seeded
+schedule), and whether each is within the SLO. Run it from the repository root on a study that
+``benchmarks/traffic.py`` (or ``pareto search --qps``) made::
+
+    .venv/bin/python benchmarks/loadgen.py --db sqlite:////tmp/traffic-demo.db --study traffic-demo
+    .venv/bin/python benchmarks/loadgen.py --db sqlite:////tmp/traffic-demo.db --study traffic-demo --trial 3 \\
+        --rates 1500,2000,2500 --duration 20
+
+It prints a Markdown report (machine, date, command, the table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import mlperf_loadgen as lg  # type: ignore[import-not-found]
+import torch
+
+import pareto
+from pareto.front import select_best
+from pareto.limits import Limits
+from pareto.machine import describe_cpu_features
+from pareto.measure.environment import fingerprint
+from pareto.measure.queue import Batcher
+from pareto.metrics import served_capacity
+from pareto.store import storage
+from pareto.store.engine import existing_engine, resolve_url
+from pareto.store.reads import reading
+from pareto.study.bench import open_bench
+from pareto.study.load_runs import Target, served_batcher
+from pareto.study.measure_one import stored_measure
+from pareto.task import load_task
+from pareto.units import format_ms
+
+
+class BatcherSUT:
+    """A system under test for LoadGen: queries queue for one batcher thread that runs pareto's policy."""
+
+    def __init__(self, call: Callable[[int], object], batcher: Batcher) -> None:
+        self.call, self.batcher = call, batcher
+        self.queue: deque[tuple[float, Any]] = deque()
+        self.cond = threading.Condition()
+        self.stopped = False
+        self.thread = threading.Thread(target=self._serve, name="loadgen-batcher", daemon=True)
+        self.thread.start()
+
+    def issue(self, samples: list[Any]) -> None:
+        now = time.perf_counter()
+        with self.cond:
+            for sample in samples:
+                self.queue.append((now, sample))
+            self.cond.notify()
+
+    def flush(self) -> None:
+        pass
+
+    def _take(self) -> list[Any] | None:
+        top, wait = self.batcher.max_batch, self.batcher.max_wait_ms / 1e3
+        with self.cond:
+            while True:
+                if self.stopped:
+                    return None
+                if len(self.queue) >= top:
+                    break
+                if not self.queue:
+                    self.cond.wait()
+                    continue
+                remaining = self.queue[0][0] + wait - time.perf_counter()
+                if remaining <= 0:
+                    break
+                self.cond.wait(remaining)
+            return [self.queue.popleft()[1] for _ in range(min(top, len(self.queue)))]
+
+    def _serve(self) -> None:
+        while (batch := self._take()) is not None:
+            self.call(self.batcher.bucket(len(batch)))
+            lg.QuerySamplesComplete([lg.QuerySampleResponse(s.id, 0, 0) for s in batch])
+
+    def stop(self) -> None:
+        with self.cond:
+            self.stopped = True
+            self.cond.notify()
+        self.thread.join()
+
+
+def loadgen_server(
+    call: Callable[[int], object], batcher: Batcher, rate: float, slo_ms: float, duration_s: float, seed: int
+) -> dict[str, Any]:
+    """One LoadGen Server run at ``rate``: its summary's P99, validity and achieved rate."""
+    settings = lg.TestSettings()
+    settings.scenario = lg.TestScenario.Server
+    settings.mode = lg.TestMode.PerformanceOnly
+    settings.server_target_qps = rate
+    settings.server_target_latency_ns = int(slo_ms * 1e6)
+    settings.server_target_latency_percentile = 0.99
+    settings.min_duration_ms = int(duration_s * 1e3)
+    settings.min_query_count = 1
+    settings.schedule_rng_seed = seed + 1
+    sut_impl = BatcherSUT(call, batcher)
+    sut = lg.ConstructSUT(sut_impl.issue, sut_impl.flush)
+    qsl = lg.ConstructQSL(1024, 1024, lambda _: None, lambda _: None)
+    with tempfile.TemporaryDirectory() as out:
+        log = lg.LogSettings()
+        log.log_output.outdir = out
+        log.log_output.copy_summary_to_stdout = False
+        try:
+            lg.StartTestWithLogSettings(sut, qsl, settings, log)
+        finally:
+            sut_impl.stop()
+            lg.DestroyQSL(qsl)
+            lg.DestroySUT(sut)
+        summary = (Path(out) / "mlperf_log_summary.txt").read_text()
+    return _parse(summary)
+
+
+def _parse(summary: str) -> dict[str, Any]:
+    def number(label: str) -> float | None:
+        found = re.search(rf"^{re.escape(label)}\s*:\s*([0-9.eE+-]+)", summary, re.M)
+        return float(found.group(1)) if found else None
+
+    valid = re.search(r"^Result is\s*:\s*(\w+)", summary, re.M)
+    p99 = number("99.00 percentile latency (ns)")
+    return {
+        "p99_ms": p99 / 1e6 if p99 is not None else None,
+        "p50_ms": (number("50.00 percentile latency (ns)") or 0) / 1e6,
+        "completed_qps": number("Completed samples per second"),
+        "scheduled_qps": number("Scheduled samples per second"),
+        "valid": valid.group(1) if valid else "?",
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--db", required=True)
+    parser.add_argument("--study", required=True)
+    parser.add_argument("--trial", type=int, help="default: the pick at the study's rate")
+    parser.add_argument("--rates", help="comma-separated requests/s; default: the study's rate and the capacity")
+    parser.add_argument("--duration", type=float, default=20.0, help="LoadGen's minimum duration per run (s)")
+    parser.add_argument("--requests", type=int, default=3000, help="requests of pareto's own load runs")
+    args = parser.parse_args()
+    started = time.monotonic()
+    url = resolve_url(args.db)
+    with reading(existing_engine(url)) as r:
+        row = r.study(args.study)
+    constraints = Limits(study=args.study).constraints(row.spec)
+    slo, rate = constraints.p99_ms or 0.0, constraints.qps or 0.0
+    bench = open_bench(url, load_task(row.task), stored_measure(row.spec, None, None), with_profile=False)
+    everything = storage.study_candidates(bench.engine, row.id, bench.env_id)
+    pick = (
+        select_best(everything, constraints, study=row.name)
+        if args.trial is None
+        else next(c for c in everything if c.trial == args.trial)
+    )
+    capacity, source = served_capacity(pick.metrics)
+    batcher = served_batcher(pick) or Batcher(int(pick.metrics["max_batch"]), float(pick.metrics["max_wait_ms"]))
+    target = Target(bench, pick, batcher)
+    rates = [float(x) for x in args.rates.split(",")] if args.rates else [rate, *([capacity] if capacity else [])]
+    torch.set_num_threads(bench.threads)
+    env = fingerprint("cpu", bench.threads)
+    lines = [
+        f"## LoadGen's Server scenario against pareto: study {row.name!r}, trial {pick.trial} {pick.description}",
+        "",
+        f"`benchmarks/loadgen.py {' '.join(sys.argv[1:])}` — {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, "
+        f"{env['cpu_model']}, {describe_cpu_features(env['cpu_features'])}, "
+        f"torch {torch.__version__}, {bench.threads} threads; mlcommons-loadgen {_version()}.",
+        "",
+        f"Served with max batch {batcher.max_batch}, wait {format_ms(batcher.max_wait_ms)}; SLO P99 ≤ "
+        f"{format_ms(slo)}; reported capacity {capacity:,.0f}/s ({source}).",
+        "",
+        "| rate | LoadGen P99 | LoadGen result | LoadGen completed/s | pareto load-run P99 (bound) | pareto valid |",
+        "|---|---|---|---|---|---|",
+    ]
+    for qps in rates:
+        gen = loadgen_server(target.call, batcher, qps, slo, args.duration, seed=0)
+        own = pareto.load_run(study=row.name, trial=pick.trial, qps=qps, requests=args.requests, db=args.db)["load_run"]
+        within = "within" if gen["p99_ms"] is not None and gen["p99_ms"] <= slo else "over"
+        lines.append(
+            f"| {qps:,.0f}/s | {format_ms(gen['p99_ms'])} ({within} the SLO) | {gen['valid']} | "
+            f"{gen['completed_qps'] or 0:,.0f} | {format_ms(own['p99_ms'])} (≤ {format_ms(own.get('p99_upper_ms'))}) | "
+            f"{own['valid']} |"
+        )
+    lines += ["", f"{time.monotonic() - started:.0f} s in all."]
+    print("\n".join(lines))
+    return 0
+
+
+def _version() -> str:
+    from importlib.metadata import version
+
+    return version("mlcommons-loadgen")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
