@@ -282,3 +282,25 @@ def test_a_served_run_gives_costs_a_simulation_reproduces() -> None:
     sim = simulate(arrivals, service, batcher, seed=5)
     simulated = summarize_requests(sim.latency_s, confidence=0.99, warmup=75)
     assert simulated.p50_ms == pytest.approx(run.summary.p50_ms, rel=0.35)
+
+
+def test_a_load_run_the_contention_guard_finds_busy_is_run_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from pareto.errors import MachineBusy
+    from pareto.study import load_runs
+
+    target = object.__new__(load_runs.Target)  # a stub model on a stub bench: no search needed
+    target.bench = SimpleNamespace(device="cpu", measure=SimpleNamespace(contention_limit=1.5), engine=None)
+    target.candidate = SimpleNamespace(metrics={"confidence": 0.99}, measurement_id=1)
+    target.description, target.threads, target.min_s, target._probe = "a stub", 1, 0.0, None
+    target.batcher, target.call = Batcher(1, 0.0), fixed_time_call({1: 1e-4})
+    saved: list[dict[str, Any]] = []
+    monkeypatch.setattr(load_runs.storage, "save_load_run", lambda *args: saved.append(args[-1]))
+    busy = iter([True, False, False])
+    monkeypatch.setattr(load_runs.Target, "_busy", lambda self: next(busy))
+    data = target.run(2_000.0, 700, seed=0, run_id=None, replications=2)
+    assert data["discarded_runs"] == 1 and data["replications"] == 2 and len(data["runs"]) == 2 and saved == [data]
+    monkeypatch.setattr(load_runs.Target, "_busy", lambda self: True)
+    with pytest.raises(MachineBusy, match="3 load runs of a stub at 2,000/s were discarded"):
+        target.run(2_000.0, 700, seed=0, run_id=None, replications=2)

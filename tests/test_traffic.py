@@ -211,6 +211,7 @@ def test_a_search_at_a_rate_stores_capacity_and_load_runs_and_reads_answer_at_a_
         run_search(spec(traffic={}), db_url=db_url)
     with pytest.raises(UsageError, match="continue it at that rate"):
         run_search(spec(traffic={"qps": "300/s"}), db_url=db_url)
+    _the_report_shows_the_rate(db_url, result.best.trial)
     with pytest.raises(UsageError, match="traffic.seed = 0, not 7"):
         run_search(spec(traffic={**TRAFFIC, "seed": 7}), db_url=db_url)
     unnamed = {k: v for k, v in TRAFFIC.items() if k != "requests"}  # left out: the study's own
@@ -220,6 +221,23 @@ def test_a_search_at_a_rate_stores_capacity_and_load_runs_and_reads_answer_at_a_
     why = pareto.explain(study="traffic", qps=far, db=db_url)
     needs = [n for item in why["nearest"] for n in item["needs"]]
     assert needs and all("requests/s more capacity" in n for n in needs)
+
+
+def _the_report_shows_the_rate(db_url: str, pick: int) -> None:
+    """The report of a study at a rate: the front against capacity, the P99 against the rate, and the pick's
+    capacity and load run on its card (the page in a browser: ``test_report_html``)."""
+    import tempfile
+
+    pytest.importorskip("matplotlib")
+    from pareto.report.html import write_report
+
+    with tempfile.TemporaryDirectory() as out:
+        written = write_report(Path(out) / "r", study="traffic", db=db_url)
+        names = {Path(f).name for f in written["figures"]}
+        assert {"pareto.png", "rate.png"} <= names, written["skipped"]
+        page = Path(written["index"]).read_text()
+    assert "accuracy against capacity" in page and "Request P99 against the arrival rate" in page
+    assert f"The pick: trial {pick}" in page and "load-run" in page and "load run" in page
 
 
 def _study_id(engine: object) -> int:

@@ -61,11 +61,19 @@ class ReportFigure:
     height: int = 0
 
 
-def draw_all(data: ReportData, target: Path) -> list[ReportFigure]:
+#: A figure's key, title and drawing function (alt text and caption back, or ``Skip``).
+Drawer = tuple[str, str, "Callable[[ReportData, Figure], tuple[str, str]]"]
+
+
+def draw_all(data: ReportData, target: Path, first: Sequence[Drawer] | None = None) -> list[ReportFigure]:
     """Draw every figure of the page into ``target``, in the page's order; one the data cannot support is
-    returned with the sentence saying why instead of a file."""
-    drawers: list[tuple[str, str, Callable[[ReportData, Figure], tuple[str, str]]]] = [
-        ("pareto", "Pareto front: accuracy against the P99 upper bound", _pareto_figure),
+    returned with the sentence saying why instead of a file. ``first``: the figures that open the page in
+    place of the Pareto front against the P99 (a study at a request rate: ``pareto.report.traffic``)."""
+    opening: list[Drawer] = (
+        list(first) if first else [("pareto", "Pareto front: accuracy against the P99 upper bound", _pareto_figure)]
+    )
+    drawers: list[Drawer] = [
+        *opening,
         ("latency", "Latency distribution of the pick and the baseline", _latency_figure),
         ("roofline", "The roofline", _roofline_figure),
         ("throughput", "Throughput against latency over the batch sweep", _throughput_figure),
@@ -75,7 +83,7 @@ def draw_all(data: ReportData, target: Path) -> list[ReportFigure]:
     return [_draw(key, title, draw, data, target) for key, title, draw in drawers]
 
 
-class _Skip(Exception):
+class Skip(Exception):
     """A figure the data cannot support; the message is the page's one sentence about it."""
 
 
@@ -91,7 +99,7 @@ def _draw(
     FigureCanvasAgg(fig)
     try:
         alt, caption = draw(data, fig)
-    except _Skip as why:
+    except Skip as why:
         return ReportFigure(key, title, skipped=str(why))
     name = f"{key}.png"
     path = target / name
@@ -255,7 +263,7 @@ def _pareto_figure(data: ReportData, fig: Figure) -> tuple[str, str]:
     x = _values(rows, lambda m: m.get("latency_p99_upper_ms"))
     y = np.array([float(r["metrics"]["accuracy"]) for r in rows])
     if not np.isfinite(x).any():
-        raise _Skip("Not drawn: no trial has a P99 upper bound (each needs enough timed calls to bound it).")
+        raise Skip("Not drawn: no trial has a P99 upper bound (each needs enough timed calls to bound it).")
     ax = fig.add_subplot()
     drawn = _scatter_by_status(ax, rows, x, y)
     front = [r for r in data.front if _positive(r["metrics"].get("latency_p99_upper_ms"))]
@@ -319,7 +327,7 @@ def _latency_series(data: ReportData) -> list[tuple[str, dict[str, Any], str]]:
     elif series and data.baseline is not None:
         series[0] = (f"{series[0][0]} = baseline", series[0][1], series[0][2])
     if not series:
-        raise _Skip("Not drawn: there is neither a pick nor a baseline measurement to show.")
+        raise Skip("Not drawn: there is neither a pick nor a baseline measurement to show.")
     return series
 
 
@@ -427,7 +435,7 @@ def _roofline_points(rows: Sequence[dict[str, Any]]) -> tuple[Any, Any]:
     intensity = flops / moved
     achieved = flops / (p50 / 1e3)
     if not (np.isfinite(intensity) & np.isfinite(achieved)).any():
-        raise _Skip("Not drawn: no trial stores its FLOPs and bytes moved, which place it on the roofline.")
+        raise Skip("Not drawn: no trial stores its FLOPs and bytes moved, which place it on the roofline.")
     return intensity, achieved
 
 
@@ -527,7 +535,7 @@ def _throughput_figure(data: ReportData, fig: Figure) -> tuple[str, str]:
 
     with_curve = [r for r in data.rows if r["metrics"].get("throughput_curve")]
     if not with_curve:
-        raise _Skip(
+        raise Skip(
             "No throughput curve was measured in this study: set 'measure: {throughput_sweep: true}' in the search "
             "config (pareto search --config FILE) to time a batch sweep per trial, or run 'pareto measure --sweep' "
             "for one configuration."
@@ -610,7 +618,7 @@ def _compression_figure(data: ReportData, fig: Figure) -> tuple[str, str]:
     y = _values(rows, lambda m: m.get("speedup_p99"))
     ok = np.isfinite(x) & np.isfinite(y)
     if not ok.any():
-        raise _Skip("Not drawn: no trial has a speedup (it needs the baseline timed in the same environment).")
+        raise Skip("Not drawn: no trial has a speedup (it needs the baseline timed in the same environment).")
     ax = fig.add_subplot()
     drawn = _scatter_by_status(ax, rows, x, y)
     both = np.concatenate([x[ok], y[ok]])
@@ -639,7 +647,7 @@ def _compression_figure(data: ReportData, fig: Figure) -> tuple[str, str]:
 def _history_figure(data: ReportData, fig: Figure) -> tuple[str, str]:
     nights = [r for r in data.nightly if (r.get("drift") or {}).get("pick")]
     if not nights:
-        raise _Skip(
+        raise Skip(
             "No nightly run has measured this study's pick beside the reference workload in this environment "
             "yet: run 'pareto nightly' (configs/nightly.yaml) to start its history."
         )

@@ -22,6 +22,8 @@ from pareto.metrics import METHOD_SEPARATOR
 from pareto.naming import describe_config
 from pareto.report.data import ReportData, escape, load_data, trial_status
 from pareto.report.figures import ReportFigure, draw_all
+from pareto.report.tables import capacity_words
+from pareto.report.traffic import traffic_drawers
 from pareto.units import format_bytes, format_ms
 
 #: What to install when matplotlib is missing.
@@ -67,7 +69,7 @@ def write_report(
     _check_target(target, force=force)
     data = load_data(Limits.of(limits, **keywords), db)
     _make_dir(target)
-    figures = draw_all(data, target)
+    figures = draw_all(data, target, traffic_drawers() if data.constraints.qps else None)
     page = _page(data, figures)
     index = target / INDEX
     try:
@@ -265,8 +267,34 @@ def _pick_card(data: ReportData) -> str:
         ("throughput", escape(f"{m['throughput_per_s']:,.0f} samples/s at batch {m['batch_size']}")),
         ("memory", escape(format_bytes(m.get("memory_bytes") or m.get("params_bytes")))),
         ("confirmed", escape(_confirmation(focus.get("confirmation")))),
+        *_at_rate(focus),
     ]
     return f'<div class="card {css}"><h3>{escape(title)}</h3>{head}{_kv(rows)}</div>'
+
+
+def _at_rate(focus: dict[str, Any]) -> list[tuple[str, str]]:
+    """At a request rate: the requests' P99 there, the capacity (load-run or labelled simulated) and the
+    load run; nothing for a study searched one call at a time."""
+    m = focus["metrics"]
+    if m.get("scenario") is None:
+        return []
+    at = (
+        f"request P99 {format_ms(m.get('request_p99_ms'))} (≤ {format_ms(m.get('request_p99_upper_ms'))}), "
+        f"simulated, max batch {m.get('max_batch')}, wait {format_ms(m.get('max_wait_ms'))}"
+    )
+    rows = [(f"at {m['qps']:,.4g} requests/s", escape(at)), ("capacity", escape(capacity_words(m)))]
+    load, slo = focus.get("load_run"), (focus.get("slo") or {}).get("p99_ms")
+    if load:
+        upper = load.get("p99_upper_ms")
+        verdict = "meets" if load["valid"] and upper is not None and slo and upper <= slo else "misses"
+        valid = f"{verdict} {format_ms(slo)}" if load["valid"] else f"not valid: {str(load.get('reason')).rstrip('.')}"
+        runs = f" over {load['replications']} runs" if load.get("replications", 1) > 1 else ""
+        said = (
+            f"request P99 {format_ms(load['p99_ms'])} (≤ {format_ms(load.get('p99_upper_ms'))}) at "
+            f"{load['qps']:,.4g}/s, {load['requests']} requests{runs}, {valid}"
+        )
+        rows.append(("load run", escape(said)))
+    return rows
 
 
 def _judgement(slo: dict[str, Any], verdict: str | None) -> str:

@@ -26,6 +26,7 @@ from pareto.units import format_ms
 if TYPE_CHECKING:
     from pareto.front import Candidate
     from pareto.limits import Constraints
+    from pareto.measure.probe import ContentionProbe
     from pareto.store.records import StudyRecord
     from pareto.study.bench import Bench
     from pareto.study.result import SearchResult
@@ -46,6 +47,7 @@ class Target:
         self.bench, self.candidate, self.description = bench, candidate, config.describe()
         self.min_s = min_s  # the shortest schedule of one run (``traffic.load_min_s``)
         self.threads = int(m.get("serve_threads") or bench.threads)  # as the serving runs chose
+        self._probe: ContentionProbe | None = None  # the contention guard's, made at the first run
         self.batcher = batcher or Batcher(max_batch=int(m["max_batch"]), max_wait_ms=float(m["max_wait_ms"]))
         self.call = served_call(served, bench.task, self.batcher.max_batch, bench.device)
 
@@ -53,31 +55,54 @@ class Target:
         self, rate: float, requests: int, *, seed: int, run_id: int | None, replications: int = 1
     ) -> dict[str, Any]:
         """``replications`` load runs at ``rate``, each on its own seeded Poisson schedule (the first the
-        simulation's for the same seed; ``replica_seed``), at the bench's thread count under the device's
+        simulation's for the same seed; ``replica_seed``), at the served thread count under the device's
         timing lock, stopped at the first that does not count (over capacity: the rate misses); pooled
-        (``combine_runs``), stored, and returned as stored."""
+        (``combine_runs``), stored, and returned as stored.
+
+        The contention guard watches them as it watches a trial's rounds: after each run its probe is read,
+        and a run it finds busy is discarded and run again (on its own schedule), at most ``replications``
+        times in all; ``discarded_runs`` says how many.
+
+        Raises:
+            MachineBusy: more runs were discarded than ``replications``.
+        """
         count = _run_requests(rate, requests, self.min_s)
         threads = torch.get_num_threads()
-        torch.set_num_threads(self.threads)
         runs: list[LoadRun] = []
+        discarded, replica = 0, 0
         try:
             with timing_lock(self.bench.device, what=f"load run of {self.description}"):
-                for replica in range(replications):
+                while len(runs) < replications:
+                    torch.set_num_threads(self.threads)
                     arrivals = poisson_arrivals(rate, count, replica_seed(seed, replica))
-                    confidence = self.candidate.metrics["confidence"]
-                    runs.append(
-                        load_run(
-                            self.call, arrivals, self.batcher, confidence=confidence, timeout_s=_load_timeout(arrivals)
-                        )
-                    )
-                    if not runs[-1].valid:
+                    replica += 1
+                    level, timeout = self.candidate.metrics["confidence"], _load_timeout(arrivals)
+                    run = load_run(self.call, arrivals, self.batcher, confidence=level, timeout_s=timeout)
+                    if self._busy():
+                        discarded += 1
+                        if discarded > replications:
+                            raise MachineBusy(
+                                f"the machine stayed busy: {discarded} load runs of {self.description} at "
+                                f"{rate:,.4g}/s were discarded for contention"
+                            )
+                        continue
+                    runs.append(run)
+                    if not run.valid:
                         break
         finally:
             torch.set_num_threads(threads)
         assert self.candidate.measurement_id is not None
-        data = {**combine_runs(runs, rate, replications), "threads": self.threads}
+        data = {**combine_runs(runs, rate, replications), "threads": self.threads, "discarded_runs": discarded}
         storage.save_load_run(self.bench.engine, self.candidate.measurement_id, run_id, data)
         return data
+
+    def _busy(self) -> bool:
+        """The contention guard's probe, read after a run, over its limit (False when the guard is off)."""
+        if self.bench.measure.contention_limit is None:
+            return False
+        if self._probe is None:
+            self._probe = self.bench.probe()
+        return self._probe is not None and self._probe.read_after_work().ratio > self._probe.limit
 
     def capacity(
         self,
