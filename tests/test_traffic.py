@@ -271,3 +271,17 @@ def test_the_cli_answers_a_rate_and_refuses_one_a_study_cannot_answer(db_url: st
         "load-run",
         "simulated, not load-run",
     )
+
+
+def test_the_export_manifest_names_the_serving_settings_and_the_capacity_it_was_judged_by() -> None:
+    from pareto.export.manifest import _at_rate
+
+    assert _at_rate({"scenario": None}) == {}  # a single-stream study's manifest is as it was
+    m = {"scenario": "server", "qps": 800.0, "capacity_qps": 1000.0, "capacity_max_batch": 4}
+    m |= {"capacity_max_wait_ms": 1.0, "serve_threads": 1}
+    simulated = _at_rate(m)["traffic"]
+    assert simulated["capacity_source"] == "simulated, not load-run" and simulated["max_wait_ms"] == 1.0
+    m |= {"load_capacity_qps": 900.0, "load_capacity_max_batch": 4, "load_capacity_max_wait_ms": 2.0}
+    loaded = _at_rate(m)["traffic"]
+    assert loaded["capacity_qps"] == 900.0 and loaded["capacity_source"] == "load-run"
+    assert loaded["max_wait_ms"] == 2.0 and loaded["intra_op_threads"] == 1

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from pareto._version import __version__
 from pareto.export.artifact import ONNX, TORCH_EXPORT, TORCHSCRIPT, Artifact
 from pareto.export.check import tensors
+from pareto.metrics import served_capacity
 
 if TYPE_CHECKING:
     from pareto.compress import Config, Technique
@@ -263,6 +264,28 @@ def _serve_entry(artifact: Artifact, config: Config, candidate: Candidate, compi
             else None
         ),
         "notes": _serve_notes(config, artifact, compile_mode),
+        **_at_rate(candidate.metrics),
+    }
+
+
+def _at_rate(m: dict[str, Any]) -> dict[str, Any]:
+    """A configuration of a study at a request rate: the serving settings its capacity was found with
+    (the batcher, the intra-op threads) and that capacity, load-run or simulated; nothing otherwise."""
+    if m.get("scenario") is None:
+        return {}
+    capacity, source = served_capacity(m)
+    load = m.get("load_capacity_qps") is not None
+    return {
+        "traffic": {
+            "qps": m.get("qps"),
+            "max_batch": m.get("load_capacity_max_batch") if load else m.get("capacity_max_batch"),
+            "max_wait_ms": m.get("load_capacity_max_wait_ms") if load else m.get("capacity_max_wait_ms"),
+            "intra_op_threads": m.get("serve_threads"),
+            "capacity_qps": capacity,
+            "capacity_source": source,
+            "note": "serve behind a dynamic batcher with these settings: the capacity is the highest Poisson "
+            "rate whose request P99 bound stayed within the study's SLO with them",
+        }
     }
 
 
