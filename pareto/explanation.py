@@ -15,6 +15,7 @@ from typing import Any
 
 from pareto.front import Candidate
 from pareto.limits import Constraints, evaluate
+from pareto.metrics import served_capacity
 from pareto.slo import P99_BOUND_METRIC
 from pareto.units import format_bytes, format_ms
 
@@ -100,7 +101,7 @@ def _needs(c: Candidate, constraints: Constraints) -> dict[str, Any]:
     """What ``c`` would need to qualify, and the limits under which it would."""
     m, needs, relaxed = c.metrics, [], {}
     upper = m.get(P99_BOUND_METRIC)
-    capacity = m.get("capacity_qps") or 0.0
+    capacity = served_capacity(m)[0] or 0.0  # load-run where load runs found one
     if constraints.qps is not None and capacity < constraints.qps:  # at a rate: the capacity, not one call's P99
         needs.append(
             f"{constraints.qps - capacity:,.0f} requests/s more capacity within {format_ms(constraints.p99_ms or 0)} "

@@ -276,9 +276,10 @@ def _rate_violation(metrics: dict[str, Any], constraints: Constraints) -> str:
     slo, rate = constraints.p99_ms or 0.0, constraints.qps or 0.0
     capacity, source = served_capacity(metrics)
     if not capacity:
-        how = "in load runs" if source == LOAD_RUN else "simulated"
         phrase = (
-            f"it has no capacity at {format_ms(slo)} ({how}): its requests miss the SLO even at the lowest rate tried"
+            f"it has no load-run capacity at {format_ms(slo)}: no rate its load runs tried met the SLO"
+            if source == LOAD_RUN
+            else f"it has no capacity at {format_ms(slo)}: its requests miss the SLO even at the lowest rate tried"
         )
     else:
         phrase = (

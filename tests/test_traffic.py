@@ -285,3 +285,17 @@ def test_the_export_manifest_names_the_serving_settings_and_the_capacity_it_was_
     loaded = _at_rate(m)["traffic"]
     assert loaded["capacity_qps"] == 900.0 and loaded["capacity_source"] == "load-run"
     assert loaded["max_wait_ms"] == 2.0 and loaded["intra_op_threads"] == 1
+
+
+def test_a_study_stored_before_the_serving_path_keeps_its_simulation_when_continued() -> None:
+    from types import SimpleNamespace
+
+    from pareto.study.studies import adopt_stored_traffic
+
+    old = {"traffic": {"qps": 200.0, "seed": 0, "max_wait": None, "requests": 5000, "sweep_samples": 200}}
+    writer = SimpleNamespace(study_named=lambda name: SimpleNamespace(spec=old))
+    kept = adopt_stored_traffic(writer, spec(traffic={"qps": "200/s"}))  # type: ignore[arg-type]
+    assert kept.traffic.requests == 5000 and kept.traffic.replications == 1
+    assert kept.traffic.serve_runs == 0 and kept.traffic.load_min_s == 0.0  # calls timed alone, as then
+    with pytest.raises(UsageError, match="traffic.serve_runs = 0, not 3"):
+        adopt_stored_traffic(writer, spec(traffic={"qps": "200/s", "serve_runs": 3}))  # type: ignore[arg-type]

@@ -140,6 +140,8 @@ class ServiceTimes:
         if set(idle) - set(self._samples):
             raise UsageError(f"after_idle names buckets {sorted(set(idle) - set(self._samples))} without call times.")
         self._idle = {b: idle.get(b, v) for b, v in self._samples.items()}
+        #: the buckets with a pool of their own after idle (the others draw from one stream for both)
+        self.idle_batches: frozenset[int] = frozenset(idle)
         self._means = {b: float(v.mean()) for b, v in self._samples.items()}
         self.batches: tuple[int, ...] = tuple(self._samples)
 
@@ -246,7 +248,9 @@ def simulate(arrivals: np.ndarray, service: ServiceTimes, batcher: Batcher, *, s
     n, top, wait = times.size, batcher.max_batch, batcher.max_wait_ms / 1e3
     most = {b: n // (low + 1) + 1 for low, b in zip([0, *sizes], sizes, strict=False)}  # batches at a bucket
     busy = {b: iter(service._draws(b, c, rng)) for b, c in most.items()}
-    idle = {b: iter(service._draws(b, c, rng, idle=True)) for b, c in most.items()}
+    idle = {
+        b: iter(service._draws(b, c, rng, idle=True)) if b in service.idle_batches else busy[b] for b, c in most.items()
+    }
     draw_of = [
         (busy[batcher.bucket(k)], idle[batcher.bucket(k)]) if k else (iter(()), iter(())) for k in range(top + 1)
     ]
@@ -372,9 +376,9 @@ def pool_replications(summaries: Sequence[RequestSummary], latency_ms: Sequence[
     each = np.array([s.p99_ms for s in summaries])
     r = each.size
     spread = float(each.std(ddof=1))
-    upper = p99.value + float(student_t.ppf(level, r - 1)) * spread / math.sqrt(r)
+    upper: float | None = None  # too few requests for the order statistic: no bound, as with one run
     if math.isfinite(p99.upper):
-        upper = max(upper, p99.upper)
+        upper = max(p99.value + float(student_t.ppf(level, r - 1)) * spread / math.sqrt(r), p99.upper)
     return RequestSummary(
         requests=int(pooled.size),
         mean_ms=float(pooled.mean()),

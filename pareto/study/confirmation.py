@@ -139,6 +139,12 @@ MACHINE_FIELDS = (
     "throughput_curve",
     "saturation_batch",
     "max_batch_within_slo",
+    # at a request rate: what serving runs and load runs found on the machine they ran on
+    "serving_runs",
+    "serve_threads",
+    "load_capacity_qps",
+    "load_capacity_max_batch",
+    "load_capacity_max_wait_ms",
 )
 
 

@@ -34,7 +34,8 @@ if TYPE_CHECKING:
 
 class Target:
     """A stored configuration built once and served for load runs: its batch calls, its batcher settings
-    (the simulation's choice at the study's rate) and where each run is stored."""
+    (those given, else the simulation's choice at the study's rate), its intra-op threads (the serving
+    runs' choice) and where each run is stored."""
 
     def __init__(
         self, bench: Bench, candidate: Candidate, batcher: Batcher | None = None, *, min_s: float = 1.0
@@ -114,6 +115,7 @@ class Target:
         seed: int,
         rel_tol: float = 0.05,
         replications: int = 1,
+        run_id: int | None = None,
     ) -> tuple[float | None, list[dict[str, Any]]]:
         """The highest rate whose load run is valid with its request P99 bound within ``slo_ms``, by bisection
         on log(rate) between ``low`` and ``high`` (widened by halving or doubling until one meets and one
@@ -121,7 +123,7 @@ class Target:
         runs: list[dict[str, Any]] = []
 
         def meets(rate: float) -> bool:
-            runs.append(self.run_checked(rate, requests, seed=seed, run_id=None, replications=replications))
+            runs.append(self.run_checked(rate, requests, seed=seed, run_id=run_id, replications=replications))
             return load_meets(runs[-1], slo_ms)
 
         return bisect_rate(meets, low, high, rel_tol=rel_tol), runs
@@ -182,7 +184,8 @@ def _run_requests(rate: float, requests: int, min_s: float) -> int:
     if span > MAX_RUN_S:
         raise UsageError(
             f"A load run of {requests} requests at {rate:,.4g} requests/s would last {span / 60:,.0f} minutes "
-            f"(one run may last {MAX_RUN_S / 60:.0f}); ask for a higher rate or fewer requests (--requests)."
+            f"(one run may last {MAX_RUN_S / 60:.0f}); ask for a higher rate or fewer requests "
+            "(traffic.load_requests, or pareto load --requests)."
         )
     return max(requests, math.ceil(rate * min_s))
 
@@ -250,7 +253,8 @@ def confirm_at_rate(
     bench: Bench, study_id: int, traffic: Traffic, pick: Candidate, *, seed: int, run_id: int | None
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """Load runs of the pick and of the baseline at the pick's batch size, at the study's rate, each with
-    the batcher settings its simulation chose there; stored, and set as the pick's ``load_run``."""
+    the batcher its load-run capacity was found with (``served_batcher``), else the one its simulation
+    chose at the rate; stored, and set as the pick's ``load_run``."""
     base = next(
         (
             c
@@ -330,6 +334,7 @@ def find_load_capacity(
         requests=requests or traffic.load_requests,
         seed=traffic.seed,
         replications=traffic.load_replications,
+        run_id=run_id,
     )
     assert candidate.measurement_id is not None
     storage.set_load_capacity(
@@ -429,12 +434,12 @@ def decide(
             break
         if pick.metrics.get("load_capacity_qps") is None and budget > 0:
             budget -= 1
-            if not _find(ctx, pick, notice, run_id):
-                break
-            result = make()
-            continue
-        result.baseline_load_run = _at_rate(ctx, pick, notice, run_id)
-        if pick.load_run is None or load_meets(pick.load_run, slo):
+            if _find(ctx, pick, notice, run_id):
+                result = make()
+                continue
+            budget = 0  # load runs cannot run now: the pick is still load-run at the rate below
+        load, result.baseline_load_run = _at_rate(ctx, pick, notice, run_id)
+        if load is None or load_meets(load, slo):
             break
         below = demote(ctx.bench, pick, traffic.qps, slo)
         notice(
@@ -442,6 +447,8 @@ def decide(
             f"load-run capacity is now {below:,.4g}/s (the highest rate it met below); choosing again."
         )
         result = make()
+    else:
+        notice("Load runs stopped choosing again after the limit of tries: the pick was not load-run at the rate.")
     return result
 
 
@@ -462,9 +469,9 @@ def _find(ctx: LoadContext, pick: Candidate, notice: Callable[[str], None], run_
 
 def _at_rate(
     ctx: LoadContext, pick: Candidate, notice: Callable[[str], None], run_id: int | None
-) -> dict[str, Any] | None:
-    """The pick and its baseline in real load runs at the study's rate (``confirm_at_rate``), said; the
-    baseline's run returned (the pick's is its ``load_run``)."""
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """The pick and its baseline in real load runs at the study's rate (``confirm_at_rate``), said: the
+    pick's run (None when none could run now) and the baseline's."""
     traffic, slo = ctx.traffic, ctx.constraints.p99_ms or 0.0
     assert traffic.qps is not None
     try:
@@ -472,9 +479,9 @@ def _at_rate(
             load, base = confirm_at_rate(ctx.bench, ctx.study_id, traffic, pick, seed=traffic.seed, run_id=run_id)
     except (TechniqueError, MachineBusy, UsageError) as exc:  # every trial is stored: the search's answer stands
         notice(f"No load run now: {str(exc).rstrip('.')}; run 'pareto load' to try again.")
-        return None
+        return None, None
     rate = f"{traffic.qps:,.4g} requests/s"
     notice(f"Load run of the pick (trial {pick.trial}) at {rate}: {describe_load(load, slo)}.")
     if base is not None:
         notice(f"Load run of the baseline at the same batch size at {rate}: {describe_load(base, slo)}.")
-    return base
+    return load, base

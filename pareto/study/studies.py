@@ -118,7 +118,11 @@ SCHEDULE_FIELDS = (
     "serve_runs",
     "serve_requests",
     "serve_threads",
+    "load_min_s",
 )
+#: A setting a study stored before it existed: the value that keeps its simulation as it was then (calls
+#: timed alone, one replication, no minimum span).
+BEFORE_SETTING = {"replications": 1, "serve_runs": 0, "load_min_s": 0.0}
 
 
 def adopt_stored_traffic(w: Writer, spec: SearchSpec) -> SearchSpec:
@@ -134,15 +138,16 @@ def adopt_stored_traffic(w: Writer, spec: SearchSpec) -> SearchSpec:
         return spec
     update: dict[str, Any] = {}
     for name in SCHEDULE_FIELDS:
-        if name not in stored:  # stored before the setting existed: the new default
+        if name not in stored and name not in BEFORE_SETTING:  # stored before it existed: the default
             continue
-        if name in spec.traffic.model_fields_set and getattr(spec.traffic, name) != stored[name]:
+        was = stored.get(name, BEFORE_SETTING.get(name))
+        if name in spec.traffic.model_fields_set and getattr(spec.traffic, name) != was:
             raise UsageError(
-                f"Study {spec.study_name!r} was searched with traffic.{name} = {stored[name]!r}, not "
+                f"Study {spec.study_name!r} was searched with traffic.{name} = {was!r}, not "
                 f"{getattr(spec.traffic, name)!r}; every trial of a study shares it, so leave it out to continue, "
                 "or pick another --study name."
             )
-        update[name] = stored[name]
+        update[name] = was
     return spec.model_copy(update={"traffic": spec.traffic.model_copy(update=update)})
 
 
@@ -173,6 +178,7 @@ def get_or_create_study(w: Writer, spec: SearchSpec) -> StudyRecord:
         UsageError: the study exists for another task or other objectives; a name the database cannot hold.
     """
     check_study_name(spec)
+    spec = adopt_stored_traffic(w, spec)  # every writer of the spec (search, nightly, studies create)
     row = w.study_named(spec.study_name)
     spec_json = spec.model_dump(mode="json")
     if row is None:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pareto.errors import MachineBusy
+from pareto.errors import MachineBusy, TechniqueError, UsageError
 from pareto.locks import timing_lock
 from pareto.units import format_ms
 
@@ -218,9 +218,10 @@ def _serve_at(
         torch.set_num_threads(threads)
         try:
             with timing_lock(device, what="a serving run"):
-                run = load_run(
-                    call, arrivals, batcher, confidence=sim["confidence"], timeout_s=max(10.0, 2 * arrivals[-1])
-                )
+                timeout = max(10.0, 2 * arrivals[-1])
+                run = load_run(call, arrivals, batcher, confidence=sim["confidence"], timeout_s=timeout, warmup=0)
+        except UsageError as exc:  # no request served before the timeout: this configuration cannot serve
+            raise TechniqueError(f"a serving run at {rate:,.4g} requests/s served nothing: {exc}") from exc
         finally:
             torch.set_num_threads(previous)
         for pool, costs in zip(pools, run.served_costs(), strict=True):
