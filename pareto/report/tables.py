@@ -97,7 +97,7 @@ def frontier_table(
         if traffic is not None:
             table.caption = (
                 f"p99 ≤: one call at the batch size, {_bound_words(m)}. req p99 ≤: every request's at "
-                f"{traffic:,.4g} requests/s (Poisson), queue and batcher simulated on the measured call times, "
+                f"{traffic:,.4g} requests/s (Poisson), queue and batcher simulated on the served batch costs, "
                 "its bound the SLO verdict uses; capacity: the highest rate within the SLO, found by load runs "
                 "(load-run) or simulated on the served batch costs (sim); a rate is judged by the load-run one "
                 "where it exists. ✓: confirmed with the baseline. Batch: the batcher's largest."
