@@ -6,8 +6,10 @@ is free and at least ``max_batch`` requests are queued, a batch of ``max_batch``
 otherwise everything queued (at most ``max_batch``) starts at the earliest of the oldest request's
 arrival + ``max_wait`` and the moment the queue reaches ``max_batch``, but not before the server is
 free. A batch of n runs at its bucket (the smallest of ``buckets(max_batch)`` >= n, inputs padded, as
-static-shape servers do), taking a measured call time at that bucket, resampled (bootstrap). A
-request's latency is its batch's completion minus its arrival.
+static-shape servers do), taking a measured cost at that bucket, resampled (bootstrap): what a batch
+cost on the serving path, drawn from the after-idle pool when the server had been waiting for arrivals,
+else from the back-to-back pool. A request's latency is its batch's completion minus its arrival. A
+rate's P99 bound comes from independent replications (``pool_replications``).
 """
 
 from __future__ import annotations
