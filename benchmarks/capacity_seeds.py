@@ -19,8 +19,8 @@ from datetime import datetime, timezone
 
 import torch
 
-from pareto.front import select_best
-from pareto.limits import Limits
+from pareto.front import Candidate, select_best
+from pareto.limits import Constraints, Limits
 from pareto.machine import describe_cpu_features
 from pareto.measure.environment import fingerprint
 from pareto.measure.queue import Batcher
@@ -28,11 +28,25 @@ from pareto.spec import Traffic
 from pareto.store import storage
 from pareto.store.engine import existing_engine, resolve_url
 from pareto.store.reads import reading
-from pareto.study.bench import open_bench
+from pareto.store.records import StudyRecord
+from pareto.study.bench import Bench, open_bench
 from pareto.study.load_runs import Target
 from pareto.study.measure_one import stored_measure
 from pareto.task import load_task
 from pareto.units import format_ms
+
+
+def open_stored(db: str, study: str, trial: int | None) -> tuple[StudyRecord, Constraints, Bench, Candidate]:
+    """A study at a rate, its limits, a bench on its task, and its trial ``trial`` (else the pick)."""
+    url = resolve_url(db)
+    with reading(existing_engine(url)) as r:
+        row = r.study(study)
+    constraints = Limits(study=study).constraints(row.spec)
+    bench = open_bench(url, load_task(row.task), stored_measure(row.spec, None, None), with_profile=False)
+    everything = storage.study_candidates(bench.engine, row.id, bench.env_id)
+    if trial is None:
+        return row, constraints, bench, select_best(everything, constraints, study=row.name)
+    return row, constraints, bench, next(c for c in everything if c.trial == trial)
 
 
 def main() -> int:
@@ -44,19 +58,9 @@ def main() -> int:
     parser.add_argument("--requests", type=int, help="requests per run; default: the study's load_requests")
     args = parser.parse_args()
     started = time.monotonic()
-    url = resolve_url(args.db)
-    with reading(existing_engine(url)) as r:
-        row = r.study(args.study)
-    constraints = Limits(study=args.study).constraints(row.spec)
+    row, constraints, bench, pick = open_stored(args.db, args.study, args.trial)
     traffic = Traffic.model_validate(row.spec.get("traffic") or {}, context={"stored": True})
     slo = constraints.p99_ms or 0.0
-    bench = open_bench(url, load_task(row.task), stored_measure(row.spec, None, None), with_profile=False)
-    everything = storage.study_candidates(bench.engine, row.id, bench.env_id)
-    pick = (
-        select_best(everything, constraints, study=row.name)
-        if args.trial is None
-        else next(c for c in everything if c.trial == args.trial)
-    )
     m = pick.metrics
     batcher = Batcher(int(m["capacity_max_batch"]), float(m["capacity_max_wait_ms"]))
     simulated = float(m["capacity_qps"])

@@ -37,21 +37,14 @@ from typing import Any
 
 import mlperf_loadgen as lg  # type: ignore[import-not-found]
 import torch
+from capacity_seeds import open_stored  # type: ignore[import-not-found]  # beside this script
 
 import pareto
-from pareto.front import select_best
-from pareto.limits import Limits
 from pareto.machine import describe_cpu_features
 from pareto.measure.environment import fingerprint
 from pareto.measure.queue import Batcher
 from pareto.metrics import served_capacity
-from pareto.store import storage
-from pareto.store.engine import existing_engine, resolve_url
-from pareto.store.reads import reading
-from pareto.study.bench import open_bench
 from pareto.study.load_runs import Target, served_batcher
-from pareto.study.measure_one import stored_measure
-from pareto.task import load_task
 from pareto.units import format_ms
 
 
@@ -161,18 +154,8 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=3000, help="requests of pareto's own load runs")
     args = parser.parse_args()
     started = time.monotonic()
-    url = resolve_url(args.db)
-    with reading(existing_engine(url)) as r:
-        row = r.study(args.study)
-    constraints = Limits(study=args.study).constraints(row.spec)
+    row, constraints, bench, pick = open_stored(args.db, args.study, args.trial)
     slo, rate = constraints.p99_ms or 0.0, constraints.qps or 0.0
-    bench = open_bench(url, load_task(row.task), stored_measure(row.spec, None, None), with_profile=False)
-    everything = storage.study_candidates(bench.engine, row.id, bench.env_id)
-    pick = (
-        select_best(everything, constraints, study=row.name)
-        if args.trial is None
-        else next(c for c in everything if c.trial == args.trial)
-    )
     capacity, source = served_capacity(pick.metrics)
     batcher = served_batcher(pick) or Batcher(int(pick.metrics["max_batch"]), float(pick.metrics["max_wait_ms"]))
     target = Target(bench, pick, batcher)
