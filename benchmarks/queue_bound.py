@@ -1,0 +1,65 @@
+"""Does a request P99 bound cover a batched queue's true P99? (issue 45)
+
+A stub queue whose calls take a fixed time per bucket (1, 1.2, 1.6 ms at 1, 2, 4; max batch 4, wait
+0.5 ms), its true P99 from one simulated run of 10⁶ requests; then, per load and over ``--seeds`` seeds, how
+often each bound is at or above it: the order statistic of one run (requests taken as independent),
+pareto's independent replications (6 × 2 500, ``pool_replications``), and batch means of one run of
+15 000 cut in 6. Run it from the repository root::
+
+    .venv/bin/python benchmarks/queue_bound.py [--seeds 200] [--loads 0.5,0.7,0.9,0.95]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from datetime import datetime, timezone
+
+import numpy as np
+from scipy.stats import t as student_t
+
+from pareto.measure.queue import Batcher, ServiceTimes, best_at_rate, poisson_arrivals, simulate
+
+SERVICE = ServiceTimes.fixed({1: 1e-3, 2: 1.2e-3, 4: 1.6e-3})
+BATCHER = Batcher(4, 0.5)
+SATURATION = 4 / 1.6e-3
+
+
+def batch_means(latency_ms: np.ndarray, parts: int, confidence: float = 0.99) -> float:
+    each = np.array([np.quantile(p, 0.99) for p in np.array_split(latency_ms, parts)])
+    return float(
+        np.quantile(latency_ms, 0.99) + student_t.ppf(confidence, parts - 1) * each.std(ddof=1) / math.sqrt(parts)
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, default=200)
+    parser.add_argument("--loads", default="0.5,0.7,0.9,0.95")
+    args = parser.parse_args()
+    print(
+        f"`benchmarks/queue_bound.py {' '.join(sys.argv[1:])}` — {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC\n\n"
+        "| load | true P99 | order statistic, one run of 15 000 | 6 replications × 2 500 | batch means, 15 000 in 6 |\n"
+        "|---|---|---|---|---|"
+    )
+    for load in (float(x) for x in args.loads.split(",")):
+        rate = load * SATURATION
+        truth = float(np.quantile(simulate(poisson_arrivals(rate, 1_000_000, 12_345), SERVICE, BATCHER, seed=12_345)
+                                  .latency_s[10_000:], 0.99)) * 1e3  # fmt: skip
+        covered = {"order": 0, "replications": 0, "batch means": 0}
+        for seed in range(args.seeds):
+            kwargs = {"seed": seed, "confidence": 0.99}
+            one = best_at_rate(rate, SERVICE, [BATCHER], requests=15_000, **kwargs)
+            covered["order"] += (one.summary.p99_upper_ms or 0.0) >= truth
+            six = best_at_rate(rate, SERVICE, [BATCHER], requests=2_500, replications=6, **kwargs)
+            covered["replications"] += (six.summary.p99_upper_ms or 0.0) >= truth
+            run = simulate(poisson_arrivals(rate, 15_000, seed + 1), SERVICE, BATCHER, seed=seed + 1)
+            covered["batch means"] += batch_means(run.latency_s[750:] * 1e3, 6) >= truth
+        cells = " | ".join(f"{v / args.seeds:.1%}" for v in covered.values())
+        print(f"| {load:g} | {truth:.2f} ms | {cells} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
