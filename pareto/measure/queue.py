@@ -531,9 +531,19 @@ def traffic_curve(
     min_span_s: float = 0.0,
 ) -> list[RatePoint]:
     """``best_at_rate`` at each rate, in the order given."""
-    kwargs: dict[str, Any] = {"requests": requests, "seed": seed, "confidence": confidence}
-    kwargs["replications"], kwargs["min_span_s"] = replications, min_span_s
-    return [best_at_rate(rate, service, batchers, **kwargs) for rate in rates]
+    return [
+        best_at_rate(
+            rate,
+            service,
+            batchers,
+            requests=requests,
+            seed=seed,
+            confidence=confidence,
+            replications=replications,
+            min_span_s=min_span_s,
+        )
+        for rate in rates
+    ]
 
 
 def batchers_for(max_batch: int, waits_ms: Sequence[float]) -> list[Batcher]:

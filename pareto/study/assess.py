@@ -514,7 +514,12 @@ def _at_traffic(
     fields = traffic_fields(service, config.batch_size, traffic, slo_ms, seed=seed, confidence=measure.confidence)
     if costs is None:
         return {**fields, "service_curve": rows}
-    return {**fields, "service_curve": rows, "serving_runs": costs.runs, "serve_threads": costs.threads}
+    return {
+        **fields,
+        "service_curve": rows,
+        "serving_runs": [r.to_dict() for r in costs.runs],
+        "serve_threads": costs.threads,
+    }
 
 
 def _finite_or_none(value: float | None) -> float | None:

@@ -266,15 +266,15 @@ def confirm_at_rate(
         None,
     )
     assert traffic.qps is not None
-    at: dict[str, Any] = {"seed": seed, "run_id": run_id, "replications": traffic.load_replications}
+    rate, count, replications = traffic.qps, traffic.load_requests, traffic.load_replications
     load = Target(bench, pick, served_batcher(pick), min_s=traffic.load_min_s).run_checked(
-        traffic.qps, traffic.load_requests, **at
+        rate, count, seed=seed, run_id=run_id, replications=replications
     )
     pick.load_run = load
     if base is None or base.trial == pick.trial:
         return load, None
     base_target = Target(bench, base, served_batcher(base), min_s=traffic.load_min_s)
-    return load, base_target.run_checked(traffic.qps, traffic.load_requests, **at)
+    return load, base_target.run_checked(rate, count, seed=seed, run_id=run_id, replications=replications)
 
 
 def served_batcher(candidate: Candidate) -> Batcher | None:

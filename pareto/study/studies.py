@@ -136,7 +136,7 @@ def adopt_stored_traffic(w: Writer, spec: SearchSpec) -> SearchSpec:
     stored = (row.spec.get("traffic") or {}) if row is not None else {}
     if spec.traffic.qps is None or not stored.get("qps"):
         return spec
-    update: dict[str, Any] = {}
+    update: dict[str, object] = {}
     for name in SCHEDULE_FIELDS:
         if name not in stored and name not in BEFORE_SETTING:  # stored before it existed: the default
             continue

@@ -11,6 +11,7 @@ capacity is the highest rate whose request P99 upper bound stays within the SLO.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
 
     from pareto.compress.served import Served
     from pareto.measure.latency import LatencyResult
+    from pareto.measure.load import LoadRun
     from pareto.measure.queue import Batcher, RatePoint, ServiceTimes
     from pareto.spec import Measure, Traffic
     from pareto.task import Task
@@ -131,8 +133,77 @@ class ServedCosts:
 
     service: ServiceTimes
     threads: int
-    runs: list[dict[str, Any]]
+    runs: list[ServingRun]
     capacity_by_threads: dict[int, float]
+
+
+@dataclass(frozen=True)
+class ServingRun:
+    """One serving run as stored with the trial (``serving_runs``): its rate, batcher and threads, the mean
+    served cost per bucket back to back and after idle (ms), and what the run said (a serving run of fewer
+    requests than a P99 bound needs is not ``valid`` as a load run; its costs count all the same)."""
+
+    qps: float
+    max_batch: int
+    max_wait_ms: float
+    threads: int
+    requests: int
+    batches: int
+    back_to_back_ms: dict[str, float]
+    after_idle_ms: dict[str, float]
+    p99_upper_ms: float | None
+    valid: bool
+    reason: str | None
+
+    def to_dict(self) -> dict[str, object]:
+        """The stored form (JSON)."""
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Simulation:
+    """How a configuration's queue is simulated (``pareto.measure.queue``): requests per replication, the
+    study's seed, the confidence of the bounds, the replications and their shortest span."""
+
+    requests: int
+    seed: int
+    confidence: float
+    replications: int = 1
+    min_span_s: float = 0.0
+
+    @classmethod
+    def of(cls, traffic: Traffic, seed: int, confidence: float, *, quick: bool = False) -> Simulation:
+        """The study's simulation; ``quick``: one replication, no minimum span (to choose a serving run's rate)."""
+        if quick:
+            return cls(traffic.requests, seed, confidence)
+        return cls(traffic.requests, seed, confidence, traffic.replications, traffic.load_min_s)
+
+    def at(self, rate: float, service: ServiceTimes, options: list[Batcher]) -> RatePoint:
+        """``best_at_rate`` with these settings."""
+        from pareto.measure.queue import best_at_rate
+
+        return best_at_rate(
+            rate, service, options, requests=self.requests, seed=self.seed, confidence=self.confidence,
+            replications=self.replications, min_span_s=self.min_span_s,
+        )  # fmt: skip
+
+    def capacity(self, service: ServiceTimes, slo_ms: float, options: list[Batcher]) -> RatePoint | None:
+        """``capacity`` with these settings."""
+        from pareto.measure.queue import capacity
+
+        return capacity(
+            service, slo_ms, options, requests=self.requests, seed=self.seed, confidence=self.confidence,
+            replications=self.replications, min_span_s=self.min_span_s,
+        )  # fmt: skip
+
+    def curve(self, service: ServiceTimes, options: list[Batcher], rates: list[float]) -> list[RatePoint]:
+        """``traffic_curve`` with these settings."""
+        from pareto.measure.queue import traffic_curve
+
+        return traffic_curve(
+            service, options, rates, requests=self.requests, seed=self.seed, confidence=self.confidence,
+            replications=self.replications, min_span_s=self.min_span_s,
+        )  # fmt: skip
 
 
 def serve_thread_options(traffic: Traffic, threads: int) -> list[int]:
@@ -157,17 +228,13 @@ def served_service(
     """What a served batch costs, measured on the serving path at each intra-op thread count of
     ``serve_thread_options`` (``_serve_at``), and the thread count whose served costs give the highest
     simulated capacity (ties: fewer threads)."""
-    from pareto.measure.queue import capacity
-
     options = batchers(batch_size, traffic, slo_ms)
-    sim: dict[str, Any] = {"requests": traffic.requests, "seed": seed, "confidence": confidence}
-    tried: dict[int, tuple[ServiceTimes, list[dict[str, Any]], float]] = {}
+    quick, full = (Simulation.of(traffic, seed, confidence, quick=q) for q in (True, False))
+    tried: dict[int, tuple[ServiceTimes, list[ServingRun], float]] = {}
     for count in serve_thread_options(traffic, threads):
-        service, runs = _serve_at(call, alone, batch_size, traffic, slo_ms, sim, device=device, threads=count)
-        point = capacity(
-            service, slo_ms, options, **sim, replications=traffic.replications, min_span_s=traffic.load_min_s
-        )
-        tried[count] = (service, [{**r, "threads": count} for r in runs], point.qps if point is not None else 0.0)
+        service, runs = _serve_at(call, alone, batch_size, traffic, slo_ms, quick, device=device, threads=count)
+        point = full.capacity(service, slo_ms, options)
+        tried[count] = (service, runs, point.qps if point is not None else 0.0)
     chosen = max(tried, key=lambda t: (tried[t][2], -t))
     return ServedCosts(
         service=tried[chosen][0],
@@ -183,11 +250,11 @@ def _serve_at(
     batch_size: int,
     traffic: Traffic,
     slo_ms: float,
-    sim: dict[str, Any],
+    sim: Simulation,
     *,
     device: str,
     threads: int,
-) -> tuple[ServiceTimes, list[dict[str, Any]]]:
+) -> tuple[ServiceTimes, list[ServingRun]]:
     """``traffic.serve_runs`` short load runs at ``threads`` intra-op threads (``pareto.measure.load``: a
     generator thread, the batcher thread, the model) with each batch's cost taken from the policy's start
     to its completion, back to back and after idle kept apart (``served_costs``). The first run is at the
@@ -200,7 +267,7 @@ def _serve_at(
     import torch
 
     from pareto.measure.load import load_run
-    from pareto.measure.queue import Batcher, best_at_rate, capacity, poisson_arrivals
+    from pareto.measure.queue import Batcher, poisson_arrivals
 
     options = batchers(batch_size, traffic, slo_ms)
     pools: tuple[dict[int, list[np.ndarray]], dict[int, list[np.ndarray]]] = (defaultdict(list), defaultdict(list))
@@ -208,18 +275,18 @@ def _serve_at(
     assert traffic.qps is not None
     for k in range(traffic.serve_runs):
         if k == 0:  # the study's rate, with the batcher the simulation chooses there
-            point: RatePoint | None = best_at_rate(traffic.qps, service, options, **sim)
+            point: RatePoint | None = sim.at(traffic.qps, service, options)
         else:
-            point = capacity(service, slo_ms, options, **sim)
+            point = sim.capacity(service, slo_ms, options)
         rate = point.qps if point is not None else 0.5 * service.saturation_qps(batch_size)
         batcher = point.batcher if point is not None else Batcher(batch_size, max(b.max_wait_ms for b in options))
-        arrivals = poisson_arrivals(rate, serve_requests(traffic, rate), sim["seed"] + k)
+        arrivals = poisson_arrivals(rate, serve_requests(traffic, rate), sim.seed + k)
         previous = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
             with timing_lock(device, what="a serving run"):
                 timeout = max(10.0, 2 * arrivals[-1])
-                run = load_run(call, arrivals, batcher, confidence=sim["confidence"], timeout_s=timeout, warmup=0)
+                run = load_run(call, arrivals, batcher, confidence=sim.confidence, timeout_s=timeout, warmup=0)
         except UsageError as exc:  # no request served before the timeout: this configuration cannot serve
             raise TechniqueError(f"a serving run at {rate:,.4g} requests/s served nothing: {exc}") from exc
         finally:
@@ -228,7 +295,7 @@ def _serve_at(
             for bucket, values in costs.items():
                 pool[bucket].append(values)
         service = _pooled(alone, pools)
-        rows.append(_serve_row(rate, batcher, run))
+        rows.append(_serving_run(rate, batcher, threads, run))
     return service, rows
 
 
@@ -252,20 +319,21 @@ def _pooled(
     return ServiceTimes(by_batch, after_idle)
 
 
-def _serve_row(rate: float, batcher: Batcher, run: Any) -> dict[str, Any]:
+def _serving_run(rate: float, batcher: Batcher, threads: int, run: LoadRun) -> ServingRun:
     busy, idle = run.served_costs()
-    return {
-        "qps": rate,
-        "max_batch": batcher.max_batch,
-        "max_wait_ms": batcher.max_wait_ms,
-        "requests": int(run.requests.arrival_s.size),
-        "batches": run.batches,
-        "back_to_back_ms": {str(b): float(v.mean() * 1e3) for b, v in busy.items()},
-        "after_idle_ms": {str(b): float(v.mean() * 1e3) for b, v in idle.items()},
-        "p99_upper_ms": run.summary.p99_upper_ms,
-        "valid": run.valid,
-        "reason": run.reason,
-    }
+    return ServingRun(
+        qps=rate,
+        max_batch=batcher.max_batch,
+        max_wait_ms=batcher.max_wait_ms,
+        threads=threads,
+        requests=int(run.requests.arrival_s.size),
+        batches=run.batches,
+        back_to_back_ms={str(b): float(v.mean() * 1e3) for b, v in busy.items()},
+        after_idle_ms={str(b): float(v.mean() * 1e3) for b, v in idle.items()},
+        p99_upper_ms=run.summary.p99_upper_ms,
+        valid=run.valid,
+        reason=run.reason,
+    )
 
 
 def _row(batch: int, latency: LatencyResult) -> dict[str, Any]:
@@ -285,16 +353,13 @@ def traffic_fields(
     """The ``Metrics`` traffic fields: the requests at the study's rate, the capacity at the SLO and the
     curve around it, each with the batcher setting that does best there (the same arrivals for every
     setting and every configuration: the study's seed)."""
-    from pareto.measure.queue import best_at_rate, capacity, traffic_curve
-
     assert traffic.qps is not None
     options = batchers(batch_size, traffic, slo_ms)
-    sim: dict[str, Any] = {"requests": traffic.requests, "seed": seed, "confidence": confidence}
-    sim["replications"], sim["min_span_s"] = traffic.replications, traffic.load_min_s
-    at = best_at_rate(traffic.qps, service, options, **sim)
-    most = capacity(service, slo_ms, options, **sim)
+    sim = Simulation.of(traffic, seed, confidence)
+    at = sim.at(traffic.qps, service, options)
+    most = sim.capacity(service, slo_ms, options)
     rates = {traffic.qps, *(f * most.qps for f in CURVE_FRACTIONS)} if most is not None else {traffic.qps}
-    curve = traffic_curve(service, options, sorted(rates), **sim)
+    curve = sim.curve(service, options, sorted(rates))
     return {
         "scenario": "server",
         "qps": traffic.qps,
