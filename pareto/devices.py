@@ -88,6 +88,20 @@ def to_device(obj: Any, device: str | torch.device) -> Any:
     return obj
 
 
+class InputCycle(list[Any]):
+    """Inputs timed call after call, in order and then again from the first: the real requests a task
+    takes (``Task.timing_inputs``), where ``example_input`` is one fixed input. Each item is what
+    ``example_input`` returns (a tensor or a tuple of them)."""
+
+
+def timed_inputs(task: Task, batch_size: int) -> Any:
+    """What latency is timed on at ``batch_size``: the task's real requests in turn (an ``InputCycle``)
+    where it has them, else its ``example_input``."""
+    if task.timing_inputs is None:
+        return task.example_input(batch_size)
+    return InputCycle(task.timing_inputs(batch_size))
+
+
 def as_args(inputs: Any) -> tuple[Any, ...]:
     """The positional arguments of ``model(*args)`` for an ``example_input`` value: a tensor, or a tuple or list."""
     return (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
@@ -181,11 +195,12 @@ def on_device(task: Task, device: str) -> DeviceTask:
         train_data = [to_device(batch, device) for batch in train_data]
     elif train_data is not None:
         train_data = _OnDevice(train_data, device)
-    evaluate, example_input = task.evaluate, task.example_input
+    evaluate, example_input, timing = task.evaluate, task.example_input, task.timing_inputs
     fields = {f.name: getattr(task, f.name) for f in dataclasses.fields(Task)}
     fields.update(
         model=model,
         example_input=lambda batch_size: to_device(example_input(batch_size), device),
+        timing_inputs=None if timing is None else lambda batch_size: InputCycle(to_device(timing(batch_size), device)),
         evaluate=lambda candidate: evaluate(Fed(candidate, device)),
         train_data=train_data,
     )

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from pareto.devices import InputCycle, as_args
 from pareto.errors import UsageError
 from pareto.locks import timing_lock
 from pareto.measure.probe import ContentionProbe
@@ -152,7 +153,7 @@ class LatencyResult:
 @dataclass
 class _State:
     item: Timed
-    args: tuple[Any, ...]
+    args: tuple[Any, ...] | _Cycle
     kept: list[np.ndarray] = field(default_factory=list)
     discarded: int = 0
     ratios: list[float] = field(default_factory=list)
@@ -251,8 +252,6 @@ def _measure_held(
     seed: int | None,
 ) -> list[LatencyResult]:
     """``measure_interleaved`` once this process holds the device's timing lock."""
-    from pareto.devices import as_args
-
     looks, confidence = _looks(plan)
     started_s = time.perf_counter()
     load = _load_average()
@@ -261,7 +260,7 @@ def _measure_held(
         torch.set_num_threads(threads)
     try:
         used_threads = torch.get_num_threads()
-        states = [_State(item, as_args(item.inputs)) for item in items]
+        states = [_State(item, _arguments(item.inputs)) for item in items]
         for state in states:
             state.item.model.eval()
             if state.item.ready is not None:  # a runtime that binds its threads when it opens (ONNX Runtime)
@@ -409,6 +408,8 @@ def _result(
             f", adaptive at up to {looks} looks (Bonferroni: bounds at {confidence:.4g} each, "
             f"{plan.confidence:.4g} overall)"
         )
+    if isinstance(state.args, _Cycle):
+        taken += f", each call on the next of {len(state.args.args)} inputs in turn (the task's own requests)"
     if interleaved:
         taken += ", interleaved with other models in random order"
     if interleaved or probe is not None:
@@ -491,6 +492,28 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+class _Cycle:
+    """Argument tuples handed out one per call, in turn and then from the first again (``InputCycle``)."""
+
+    def __init__(self, inputs: InputCycle) -> None:
+        self.args = [as_args(x) for x in inputs]
+        self.position = 0
+
+    def next(self) -> tuple[Any, ...]:
+        args = self.args[self.position]
+        self.position = (self.position + 1) % len(self.args)
+        return args
+
+
+def _arguments(inputs: Any) -> tuple[Any, ...] | _Cycle:
+    """What a timed call is given: one fixed tuple, or a ``_Cycle`` over a task's real inputs."""
+    if isinstance(inputs, InputCycle):
+        if not inputs:
+            raise UsageError("a task's timing_inputs gave no inputs; give at least one per batch size.")
+        return _Cycle(inputs)
+    return as_args(inputs)
+
+
 def _timer(device: str) -> Callable[..., np.ndarray]:
     """``timer(model, args, count, untimed=False)``: per-call nanoseconds on ``device``."""
     if device.startswith("cuda"):
@@ -498,24 +521,32 @@ def _timer(device: str) -> Callable[..., np.ndarray]:
     return lambda model, args, count, untimed=False: _time_cpu(model, args, count, untimed)
 
 
-def _time_cpu(model: nn.Module, args: tuple[Any, ...], count: int, untimed: bool = False) -> np.ndarray:
+def _time_cpu(model: nn.Module, args: tuple[Any, ...] | _Cycle, count: int, untimed: bool = False) -> np.ndarray:
     samples_ns = np.empty(0 if untimed else count, dtype=np.int64)
+    cycle = args if isinstance(args, _Cycle) else None
     for i in range(count):
+        call = cycle.next() if cycle is not None else args
+        assert isinstance(call, tuple)
         start_ns = time.perf_counter_ns()
-        output = model(*args)
+        output = model(*call)
         if not untimed:
             samples_ns[i] = time.perf_counter_ns() - start_ns
         del output  # freeing the output is not part of the next call's time
     return samples_ns
 
 
-def _time_cuda(model: nn.Module, args: tuple[Any, ...], count: int, device: str, untimed: bool = False) -> np.ndarray:
+def _time_cuda(
+    model: nn.Module, args: tuple[Any, ...] | _Cycle, count: int, device: str, untimed: bool = False
+) -> np.ndarray:
+    cycle = args if isinstance(args, _Cycle) else None
     with torch.cuda.device(device):
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
         for start, end in zip(starts, ends, strict=True):
+            call = cycle.next() if cycle is not None else args
+            assert isinstance(call, tuple)
             start.record()
-            output = model(*args)
+            output = model(*call)
             end.record()
             end.synchronize()  # one query at a time: the next call must not overlap this one
             del output

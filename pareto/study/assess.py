@@ -282,6 +282,7 @@ def assess(
         MachineBusy: the contention guard discarded too many rounds; nothing else was measured.
         Rejected: rejected early (``reject_above_ms``); nothing else was measured.
     """
+    from pareto.devices import timed_inputs
     from pareto.measure.latency import measure_latency
 
     with device_memory(config, device):
@@ -293,7 +294,7 @@ def assess(
         with device_memory(config, device):
             latency = measure_latency(
                 served.module,
-                task.example_input(config.batch_size),
+                timed_inputs(task, config.batch_size),
                 device=device,
                 plan=plan,
                 threads=threads,
@@ -361,7 +362,9 @@ def complete(
         "batch_size": config.batch_size,
         "compression_ratio": baseline_theoretical_bytes / max(other["theoretical_bytes"], 1),
     }
-    fields["method"] = METHOD_SEPARATOR.join(filter(None, [latency.method, latency.stop_reason, fields["method"]]))
+    fields["method"] = METHOD_SEPARATOR.join(
+        filter(None, [latency.method, task.inputs_note, latency.stop_reason, fields["method"]])
+    )
     dtype = fields.pop("dtype")
     suspect = _roofline(fields, profile, dtype, notes) if profile is not None else None
     if measure.throughput_sweep:
@@ -456,11 +459,12 @@ def _sweep(
     measure: Measure,
     slo_ms: float | None,
 ) -> None:
+    from pareto.devices import timed_inputs
     from pareto.measure.throughput import default_batch_sweep, throughput_curve
 
     curve = throughput_curve(
         served.module,
-        task.example_input,
+        lambda batch: timed_inputs(task, batch),
         default_batch_sweep(2 * config.batch_size),
         device=device,
         plan=round_plan(measure, slo_ms, adaptive=False),

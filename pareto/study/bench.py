@@ -248,6 +248,7 @@ def _build_and_time(
     seed: int | None,
 ) -> tuple[list[tuple[Built, LatencyResult]], list[LatencyResult]]:
     """``time_beside``'s work, in a frame of its own: once an error has left it, its models can be let go of."""
+    from pareto.devices import timed_inputs
     from pareto.measure.latency import Timed, measure_interleaved
     from pareto.study.assess import device_memory
 
@@ -258,7 +259,7 @@ def _build_and_time(
                 built[config.key()] = build(bench, config)
     unique = list(built.values())
     items = [
-        Timed(b.model, bench.task.example_input(b.config.batch_size), label=b.config.key(), ready=b.served.ready)
+        Timed(b.model, timed_inputs(bench.task, b.config.batch_size), label=b.config.key(), ready=b.served.ready)
         for b in unique
     ]
     latencies = measure_interleaved(

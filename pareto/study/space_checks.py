@@ -333,10 +333,11 @@ def _speeds(name: str, p50: dict[tuple[str, Backend], float], failed: dict[str, 
 
 
 def _timed(task: Task, config: Config, threads: int | None) -> Any:
+    from pareto.devices import timed_inputs
     from pareto.measure.latency import Timed
 
     served = apply(task.model, config, task, device="cpu", threads=threads)
-    return Timed(served.module, task.example_input(config.batch_size), label=config.describe(), ready=served.ready)
+    return Timed(served.module, timed_inputs(task, config.batch_size), label=config.describe(), ready=served.ready)
 
 
 def _calls(reference: Any, threads: int | None) -> int:

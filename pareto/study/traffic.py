@@ -78,6 +78,7 @@ def service_times(
     Raises:
         MachineBusy: the contention guard gave a bucket up.
     """
+    from pareto.devices import timed_inputs
     from pareto.measure.latency import RoundPlan, measure_latency
     from pareto.measure.queue import ServiceTimes, buckets
 
@@ -92,7 +93,7 @@ def service_times(
     )
     for bucket in buckets(batch_size)[:-1]:
         timed = measure_latency(
-            served.module, task.example_input(bucket), device=device, plan=plan, threads=threads, ready=served.ready
+            served.module, timed_inputs(task, bucket), device=device, plan=plan, threads=threads, ready=served.ready
         )
         if timed.busy or timed.samples_ms is None:
             raise MachineBusy(timed.stop_reason or f"batch {bucket} could not be timed: machine busy")
@@ -101,18 +102,24 @@ def service_times(
 
 
 def served_call(served: Served, task: Task, max_batch: int, device: str) -> Callable[[int], object]:
-    """One batch of the served model at a bucket, inputs made beforehand (a CUDA call synchronized)."""
+    """One batch of the served model at a bucket, inputs made beforehand (a CUDA call synchronized); a task
+    with real requests (``timing_inputs``) has each call take the bucket's next batch of them in turn."""
+    import itertools
+
     import torch
 
     from pareto.devices import as_args
     from pareto.measure.queue import buckets
 
-    args = {bucket: as_args(task.example_input(bucket)) for bucket in buckets(max_batch)}
+    def inputs(bucket: int) -> list[tuple[object, ...]]:
+        return [as_args(x) for x in (task.timing_inputs or (lambda b: [task.example_input(b)]))(bucket)]
+
+    args = {bucket: itertools.cycle(inputs(bucket)) for bucket in buckets(max_batch)}
     module, cuda = served.module, device.startswith("cuda")
 
     def call(bucket: int) -> object:
         with torch.inference_mode():
-            out = module(*args[bucket])
+            out = module(*next(args[bucket]))
         if cuda:
             torch.cuda.synchronize(device)
         return out
