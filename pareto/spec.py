@@ -24,6 +24,7 @@ from pareto.front import DEFAULT_OBJECTIVE_NAMES, TRAFFIC_OBJECTIVE_NAMES
 from pareto.limits import Constraints
 from pareto.naming import Backend, SamplerName
 from pareto.slo import DEFAULT_CONFIDENCE, DEFAULT_CONTENTION_LIMIT, DEFAULT_ROUNDS, MIN_CONFIDENCE, MIN_SAMPLES_P99
+from pareto.tasks.source import ModelSource, is_source_ref
 from pareto.units import parse_duration_ms, parse_rate_per_s, parse_request_rate, parse_size_bytes
 
 
@@ -349,10 +350,27 @@ SCENARIOS: dict[str, dict[str, Any]] = {
 }
 
 
+class Inputs(_Strict):
+    """How a model folder's data file is read and served (``model:`` and ``data:``; see ``ModelSource``)."""
+
+    text_field: str = "text"
+    #: the labels a sequence classifier is scored on (a sentence-transformers folder needs none)
+    label_field: str | None = "label"
+    metric: Literal["accuracy", "f1"] = "accuracy"
+    #: a request at its own length (each batch padded to its longest row), up to a length bucket, or the max
+    padding: Literal["request", "bucket", "max"] = "request"
+    max_length: Annotated[int, Field(ge=2)] | None = None
+    trust_remote_code: bool = False
+
+
 class SearchSpec(_Strict):
     """Everything a search needs; ``configs/demo.yaml`` is the default spelled out."""
 
     task: str = "demo"
+    #: a Hugging Face model folder and a data file (JSONL or CSV) in place of ``task``: set together
+    model: str | None = None
+    data: str | None = None
+    inputs: Inputs = Inputs()
     study: str | None = None
     scenario: Scenario | None = None
     objectives: list[ObjectiveName] = Field(
@@ -396,6 +414,39 @@ class SearchSpec(_Strict):
 
     @model_validator(mode="before")
     @classmethod
+    def _model_folder(cls, data: Any) -> Any:
+        """``model`` and ``data`` become the task (``ModelSource.ref``: the files' paths and digests)."""
+        if not isinstance(data, dict) or (data.get("model") is None and data.get("data") is None):
+            return data
+        if data.get("model") is None or data.get("data") is None:
+            raise ValueError("a model folder needs its data file and a data file its model: give model and data")
+        if is_source_ref(str(data.get("task"))):  # a stored spec: its files as they were measured, not re-read
+            return data
+        if data.get("task") not in (None, "demo"):
+            raise ValueError("give either task or model and data, not both")
+        given = data.get("inputs") or {}
+        settings = Inputs.model_validate(given.model_dump() if isinstance(given, BaseModel) else given)
+        source = ModelSource.open(data["model"], data["data"], **settings.model_dump())
+        return {**data, "model": source.model, "data": source.data, "task": source.ref()}
+
+    @model_validator(mode="after")
+    def _inputs_need_a_model(self) -> SearchSpec:
+        if "inputs" in self.model_fields_set and not is_source_ref(self.task):
+            raise ValueError("the data settings (inputs: --text-field, --padding…) need a model folder: give --model")
+        return self
+
+    @model_validator(mode="after")
+    def _static_shapes(self) -> SearchSpec:
+        static = sorted(set(self.space.backend or []) & {"compile", "onnxruntime"})
+        if is_source_ref(self.task) and static and self.inputs.padding != "max":
+            raise ValueError(
+                f"the {static[0]} backend serves one input shape, and --padding {self.inputs.padding} gives "
+                "requests of many lengths: pass --padding max to serve it"
+            )
+        return self
+
+    @model_validator(mode="before")
+    @classmethod
     def _traffic_defaults(cls, data: Any) -> Any:
         """At a request rate, a spec that names no objectives optimizes accuracy and capacity."""
         if not isinstance(data, dict) or data.get("objectives") is not None:
@@ -430,7 +481,11 @@ class SearchSpec(_Strict):
 
     @property
     def study_name(self) -> str:
-        return self.study or self.task.rsplit(":", 1)[-1].replace(".", "-")
+        if self.study:
+            return self.study
+        if is_source_ref(self.task):
+            return ModelSource.from_ref(self.task).name
+        return self.task.rsplit(":", 1)[-1].replace(".", "-")
 
 
 #: The demo search space; configs/demo.yaml writes the same out (a test keeps them equal).

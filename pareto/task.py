@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pareto.errors import TaskError, exception_line
+from pareto.tasks.source import ModelSource, is_source_ref
 
 if TYPE_CHECKING:
     from torch import nn
@@ -43,6 +44,9 @@ BUILTIN_TASKS: dict[str, str] = {
     "resnet": "pareto.tasks.resnet:make_task",
     "transformer-large": "pareto.tasks.transformer_large:make_task",
 }
+
+#: The module that makes a task of a model folder and a data file (``ModelSource``).
+FOLDER_TASK = "pareto.tasks.folder"
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,12 @@ class Task:
             pareto moves each batch to the measured device.
         batch_size: The batch size the task is served at when the search space does not say.
         attention: For transformer tasks, the shape behind the KV cache; None otherwise.
+        timing_inputs: Optional ``batch_size -> list of inputs``: the real requests, timed one per call in
+            turn (cycled), so that the P99 covers the long ones; None times ``example_input`` every call.
+        inputs_note: What ``timing_inputs`` holds, for the measurement's method (which rows, what lengths,
+            how they are padded).
+        evaluation_rows: How many examples ``evaluate`` scores, when the task knows (an accuracy floor
+            finer than one row in a few is refused).
     """
 
     name: str
@@ -86,14 +96,23 @@ class Task:
     train_data: Iterable[Any] | None = None
     batch_size: int = 1
     attention: AttentionShape | None = None
+    timing_inputs: Callable[[int], list[Any]] | None = None
+    inputs_note: str | None = None
+    evaluation_rows: int | None = None
 
 
 def load_task(ref: str) -> Task:
-    """Build a task from a built-in name (``demo``) or a ``package.module:factory`` reference.
+    """Build a task from a built-in name (``demo``), a ``package.module:factory`` reference, or a model
+    folder and data file (``ModelSource.ref()``, ``model:…``: nothing is imported from it).
 
     Raises:
         TaskError: the name is unknown, the module does not import, or the factory fails.
     """
+    if is_source_ref(ref):  # a model folder and a data file: data, not code
+        # by name, as the built-in tasks are: the task modules import this one
+        folder: Any = importlib.import_module(FOLDER_TASK)
+        made: Task = folder.make_task(ModelSource.from_ref(ref))
+        return made
     target = BUILTIN_TASKS.get(ref, ref)
     if ":" not in target:
         known = ", ".join(sorted(BUILTIN_TASKS))

@@ -31,6 +31,29 @@ if TYPE_CHECKING:
 @click.command("search")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="YAML search spec (see configs/).")
 @click.option("--task", help="Built-in task name (demo) or package.module:factory.")
+@click.option(
+    "--model",
+    "model_path",
+    type=click.Path(),
+    help="A Hugging Face model folder to search in place of --task (a sequence classifier or a sentence-transformers "
+    "folder), read offline; needs --data.",
+)
+@click.option(
+    "--data", "data_path", type=click.Path(), help="The model's data file: JSONL or CSV, one example per row."
+)
+@click.option("--text-field", help="The data's text field [default text].")
+@click.option("--label-field", help="The data's label field (label names or ids) [default label].")
+@click.option("--metric", type=click.Choice(["accuracy", "f1"]), help="A classifier's score [default accuracy].")
+@click.option(
+    "--padding",
+    type=click.Choice(["request", "bucket", "max"]),
+    help="How requests are shaped: at their own length, padded up to a length bucket, or to --max-length "
+    "[default request].",
+)
+@click.option("--max-length", type=click.IntRange(min=2), help="Cut requests to this many tokens [default 512].")
+@click.option(
+    "--trust-remote-code", is_flag=True, default=None, help="Run the model folder's own code (auto_map): read it first."
+)
 @click.option("--study", type=STUDY_NAME, help="Study name; re-using one continues it [default: the task's name].")
 @slo_options
 @throughput_option
@@ -139,6 +162,14 @@ def command(
 #: ``pareto search`` flags and the spec keys they set (CLI flags override the YAML).
 _SPEC_FLAGS = {
     "task": "task",
+    "model": "model_path",
+    "data": "data_path",
+    "inputs.text_field": "text_field",
+    "inputs.label_field": "label_field",
+    "inputs.metric": "metric",
+    "inputs.padding": "padding",
+    "inputs.max_length": "max_length",
+    "inputs.trust_remote_code": "trust_remote_code",
     "study": "study",
     "slo.p99": "slo_p99",
     "slo.min_accuracy": "min_accuracy",

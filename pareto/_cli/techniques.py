@@ -8,18 +8,28 @@ from rich.table import Table
 
 from pareto._cli.options import json_option, out, print_json
 from pareto.api import techniques as run
+from pareto.errors import UsageError
 from pareto.machine import describe_cpu_features
 from pareto.measure.environment import host_cpu
 from pareto.naming import BACKENDS
+from pareto.tasks.source import ModelSource
 
 
 @click.command("techniques")
 @click.option("--device", default="auto", show_default=True, help="Judge availability on this device.")
 @click.option("--task", help="Also judge availability for this task (train_data, layers).")
+@click.option(
+    "--model", "model_path", type=click.Path(), help="Judge it for a Hugging Face model folder (with --data)."
+)
+@click.option("--data", "data_path", type=click.Path(), help="The model folder's data file (JSONL or CSV).")
 @json_option
-def command(device: str, task: str | None, as_json: bool) -> None:
+def command(device: str, task: str | None, model_path: str | None, data_path: str | None, as_json: bool) -> None:
     """Every compression technique, its parameters, and whether it can run here (and if not, why)."""
 
+    if model_path is not None or data_path is not None:
+        if model_path is None or data_path is None or task is not None:
+            raise UsageError("Judge a model folder with --model and --data together (and no --task).")
+        task = ModelSource.open(model_path, data_path).ref()
     listing = run(device=device, task=task)
     if as_json:
         print_json(listing)

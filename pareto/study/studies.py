@@ -21,6 +21,7 @@ from pareto.store import storage
 from pareto.store.engine import check_path, engine_kwargs, existing_engine, immediate_transactions, open_engine, upgrade
 from pareto.store.records import StudyRecord
 from pareto.store.writes import STUDY_NAME_LENGTH, Writer, writing
+from pareto.tasks.source import DIGEST_CHARS, ModelSource, is_source_ref
 from pareto.units import format_ms
 
 HEARTBEAT_INTERVAL_S = 60
@@ -186,6 +187,9 @@ def get_or_create_study(w: Writer, spec: SearchSpec) -> StudyRecord:
         if created:
             return row
     if row.task != spec.task:
+        change = source_change(row.task, spec.task)
+        if change:
+            raise UsageError(f"Study {spec.study_name!r} {change}; start a new study (--study NAME) for these.")
         raise UsageError(
             f"Study {spec.study_name!r} belongs to task {row.task!r}, not {spec.task!r}; pick another --study name."
         )
@@ -197,6 +201,26 @@ def get_or_create_study(w: Writer, spec: SearchSpec) -> StudyRecord:
             f"--objective {stored}, or pick another --study name."
         )
     return w.update_study(row, spec_json)  # the latest SLO and space; every trial keeps its own config
+
+
+def source_change(stored_ref: str, ref: str) -> str | None:
+    """What differs between two model references (the files' contents, or how the data is read), as the
+    end of a sentence; None when either is not one or they name other files."""
+    if not (is_source_ref(stored_ref) and is_source_ref(ref)):
+        return None
+    was, now = ModelSource.from_ref(stored_ref), ModelSource.from_ref(ref)
+    if (was.model, was.data) != (now.model, now.data):
+        return None
+    pairs = ((was.model, was.model_sha256, now.model_sha256), (was.data, was.data_sha256, now.data_sha256))
+    changed = [path for path, a, b in pairs if a[:DIGEST_CHARS] != b[:DIGEST_CHARS]]
+    if changed:
+        return f"measured other contents of {' and '.join(changed)} (a study measures one model on one data file)"
+    settings = [
+        f"{name}={getattr(was, name)!r}"
+        for name in ("text_field", "label_field", "metric", "padding", "max_length", "trust_remote_code")
+        if getattr(was, name) != getattr(now, name)
+    ]
+    return f"read its data with {', '.join(settings)}" if settings else None
 
 
 def _same_traffic(spec: SearchSpec, stored: dict[str, Any]) -> None:
