@@ -1,0 +1,83 @@
+"""Write a small Hugging Face sequence classifier folder and a JSONL data file to try ``--model``/``--data`` on.
+
+A 2-layer BERT (hidden width 64) with a word-level tokenizer, trained for a few seconds on the CPU to tell
+positive from negative reviews made of stock words, saved with ``save_pretrained`` as any fine-tuned
+model is; the data file holds 600 labelled reviews of 3 to 60 words. Nothing is downloaded. Then::
+
+    python examples/tiny_classifier.py /tmp/reviews
+    pareto search --model /tmp/reviews/model --data /tmp/reviews/reviews.jsonl --slo-p99 5ms --n-trials 12
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+
+import torch
+
+POSITIVE = "good great loved wonderful fun moving clever superb charming".split()
+NEGATIVE = "bad awful hated boring dull clumsy tedious weak bland".split()
+NEUTRAL = "the a movie film plot actor story was is very really it and but this scene ending music cast".split()
+LABELS = ("negative", "positive")
+EPOCHS = 4
+
+
+def review(rng: random.Random) -> dict[str, str]:
+    """One review: neutral words with a few of one side's words (and sometimes one of the other's)."""
+    label = rng.randrange(2)
+    words = [rng.choice(NEUTRAL) for _ in range(rng.randint(3, 60))]
+    side, other = (POSITIVE, NEGATIVE) if label else (NEGATIVE, POSITIVE)
+    for _ in range(rng.randint(1, 3)):
+        words.insert(rng.randrange(len(words) + 1), rng.choice(side))
+    if rng.random() < 0.3:
+        words.insert(rng.randrange(len(words) + 1), rng.choice(other))
+    return {"text": " ".join(words), "label": LABELS[label]}
+
+
+def main(out: Path) -> None:
+    import transformers
+    from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
+
+    argument = "vocab" if int(transformers.__version__.split(".")[0]) >= 5 else "vocab_file"  # renamed in 5
+
+    out.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(0)
+    rows = [review(rng) for _ in range(600)]
+    (out / "reviews.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    vocab = out / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *POSITIVE, *NEGATIVE, *NEUTRAL]) + "\n")
+    tokenizer = BertTokenizerFast(**{argument: str(vocab)})
+    config = BertConfig(
+        vocab_size=5 + len(POSITIVE) + len(NEGATIVE) + len(NEUTRAL),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=256,
+        max_position_embeddings=128,
+        id2label=dict(enumerate(LABELS)),
+        label2id={name: i for i, name in enumerate(LABELS)},
+    )
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(config)
+    train = [review(random.Random(1 + k)) for k in range(2000)]  # other rows than the data file's
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model.train()
+    for step in range(EPOCHS * len(train) // 32):
+        batch = train[(step * 32) % len(train) :][:32]
+        encoded = tokenizer([r["text"] for r in batch], padding=True, return_tensors="pt")
+        labels = torch.tensor([LABELS.index(r["label"]) for r in batch])
+        loss = model(**encoded, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    model.save_pretrained(out / "model")
+    tokenizer.save_pretrained(out / "model")
+    vocab.unlink()
+    print(f"wrote {out / 'model'} and {out / 'reviews.jsonl'} (600 rows)")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1] if len(sys.argv) > 1 else "reviews"))
