@@ -17,9 +17,29 @@ from pathlib import Path
 
 import torch
 
-POSITIVE = "good great loved wonderful fun moving clever superb charming".split()
-NEGATIVE = "bad awful hated boring dull clumsy tedious weak bland".split()
-NEUTRAL = "the a movie film plot actor story was is very really it and but this scene ending music cast".split()
+POSITIVE = ["good", "great", "loved", "wonderful", "fun", "moving", "clever", "superb", "charming"]
+NEGATIVE = ["bad", "awful", "hated", "boring", "dull", "clumsy", "tedious", "weak", "bland"]
+NEUTRAL = [
+    "the",
+    "a",
+    "movie",
+    "film",
+    "plot",
+    "actor",
+    "story",
+    "was",
+    "is",
+    "very",
+    "really",
+    "it",
+    "and",
+    "but",
+    "this",
+    "scene",
+    "ending",
+    "music",
+    "cast",
+]
 LABELS = ("negative", "positive")
 EPOCHS = 4
 

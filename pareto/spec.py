@@ -354,6 +354,8 @@ class Inputs(_Strict):
     """How a model folder's data file is read and served (``model:`` and ``data:``; see ``ModelSource``)."""
 
     text_field: str = "text"
+    #: an image classifier's data file: the field with each image's path
+    image_field: str = "image"
     #: the labels a sequence classifier is scored on (a sentence-transformers folder needs none)
     label_field: str | None = "label"
     metric: Literal["accuracy", "f1"] = "accuracy"

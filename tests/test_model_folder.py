@@ -138,7 +138,7 @@ def test_a_model_reference_names_files_by_content_and_sees_them_change(folder: P
 
 
 def test_folders_pareto_cannot_read_are_refused_in_one_sentence(folder: Path, tmp_path: Path) -> None:
-    from pareto.tasks.folder import folder_kind
+    from pareto.tasks.hf import folder_kind
 
     data = _rows(tmp_path / "d.jsonl")
     other = tmp_path / "gpt"
@@ -287,3 +287,53 @@ def test_a_sentence_transformers_folder_is_scored_by_fidelity_without_labels(tmp
             if isinstance(layer, torch.nn.Linear):
                 layer.weight.add_(0.3 * layer.weight.std() * torch.randn_like(layer.weight))
     assert 0.3 < task.evaluate(noisy) < 0.999
+
+
+@pytest.fixture(scope="module")
+def image_folder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A tiny ViT image classifier (labels circle, square) and 60 images in one folder per label."""
+    transformers = pytest.importorskip("transformers")
+    image = pytest.importorskip("PIL.Image")
+    root = tmp_path_factory.mktemp("vit")
+    config = transformers.ViTConfig(
+        image_size=32,
+        patch_size=8,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        id2label={0: "circle", 1: "square"},
+        label2id={"circle": 0, "square": 1},
+    )
+    torch.manual_seed(0)
+    model_dir = root / "shapes"
+    transformers.ViTForImageClassification(config).save_pretrained(model_dir)
+    processor = transformers.ViTImageProcessor(size={"height": 32, "width": 32})
+    processor.save_pretrained(model_dir)
+    images = root / "images"
+    rng = random.Random(0)
+    for label in ("circle", "square"):
+        (images / label).mkdir(parents=True)
+        for k in range(30):
+            size = (rng.randint(20, 60), rng.randint(20, 60))
+            image.new("RGB", size, (rng.randrange(256), 0, 0)).save(images / label / f"{k}.png")
+    return model_dir, images
+
+
+def test_an_image_classifier_folder_and_its_images(image_folder: tuple[Path, Path], tmp_path: Path) -> None:
+    from pareto.task import load_task
+
+    model_dir, images = image_folder
+    task = load_task(ModelSource.open(model_dir, images).ref())
+    assert task.name == "shapes" and task.evaluation_rows == 48
+    assert 0.0 <= task.evaluate(task.model) <= 1.0
+    assert task.timing_inputs is not None
+    assert all(batch.shape == (4, 3, 32, 32) for batch in task.timing_inputs(4))
+    assert "48 evaluation images of images" in (task.inputs_note or "")
+    listing = tmp_path / "images.csv"
+    listing.write_text("path,label\n" + "".join(f"{p},{p.parent.name}\n" for p in sorted(images.rglob("*.png"))))
+    from_file = load_task(ModelSource.open(model_dir, listing, image_field="path").ref())
+    assert from_file.evaluation_rows == 48
+    listing.write_text("path,label\nnowhere.png,circle\n")
+    with pytest.raises(TaskError, match="names 'nowhere.png', which is not a file"):
+        load_task(ModelSource.open(model_dir, listing, image_field="path").ref())

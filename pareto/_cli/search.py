@@ -39,9 +39,13 @@ if TYPE_CHECKING:
     "folder), read offline; needs --data.",
 )
 @click.option(
-    "--data", "data_path", type=click.Path(), help="The model's data file: JSONL or CSV, one example per row."
+    "--data",
+    "data_path",
+    type=click.Path(),
+    help="The model's data file: JSONL or CSV, one example per row (images: also a folder of label subfolders).",
 )
 @click.option("--text-field", help="The data's text field [default text].")
+@click.option("--image-field", help="For an image classifier: the field with each image's path [default image].")
 @click.option("--label-field", help="The data's label field (label names or ids) [default label].")
 @click.option("--metric", type=click.Choice(["accuracy", "f1"]), help="A classifier's score [default accuracy].")
 @click.option(
@@ -165,6 +169,7 @@ _SPEC_FLAGS = {
     "model": "model_path",
     "data": "data_path",
     "inputs.text_field": "text_field",
+    "inputs.image_field": "image_field",
     "inputs.label_field": "label_field",
     "inputs.metric": "metric",
     "inputs.padding": "padding",

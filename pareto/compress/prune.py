@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import importlib.util
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, cast
@@ -288,7 +289,10 @@ def _plan(model: nn.Module, task: Task, technique: StructuredPrune) -> _Plan:
     keep_width = technique.width_ratio is None
     marked = _Marked()
     try:
-        with _traceable(model, technique):
+        # Torch-Pruning warns of parameters outside a layer (a ViT's cls_token); whether the pruned model still
+        # runs is checked, and said, after pruning
+        with _traceable(model, technique), warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
             graph = tp.DependencyGraph().build_dependency(model, example_inputs=args, forward_fn=marked)
     except TechniqueError:
         raise

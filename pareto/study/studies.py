@@ -217,7 +217,7 @@ def source_change(stored_ref: str, ref: str) -> str | None:
         return f"measured other contents of {' and '.join(changed)} (a study measures one model on one data file)"
     settings = [
         f"{name}={getattr(was, name)!r}"
-        for name in ("text_field", "label_field", "metric", "padding", "max_length", "trust_remote_code")
+        for name in ("text_field", "image_field", "label_field", "metric", "padding", "max_length", "trust_remote_code")
         if getattr(was, name) != getattr(now, name)
     ]
     return f"read its data with {', '.join(settings)}" if settings else None

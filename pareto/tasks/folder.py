@@ -1,6 +1,6 @@
 """A Hugging Face model folder and a data file as a task, read offline (``pareto search --model --data``).
 
-Two kinds of folder, told from the folder itself:
+Three kinds of folder, told from the folder itself (``pareto.tasks.hf.folder_kind``):
 
 - a **sequence classifier** (``config.json``'s ``architectures`` ends in ``ForSequenceClassification``):
   scored by accuracy (or macro-F1) on the data's labels, which are the model's label names
@@ -8,9 +8,10 @@ Two kinds of folder, told from the folder itself:
 - a **sentence-transformers** folder (``modules.json``: a Transformer, a Pooling and optionally a
   Normalize module): scored by **fidelity** to the uncompressed model's embeddings of the evaluation
   rows (mean cosine similarity × nearest-neighbour agreement, as the minilm task scores it), since
-  the file needs no labels.
+  the file needs no labels;
+- an **image classifier** (``…ForImageClassification``): ``pareto.tasks.images``.
 
-Anything else is refused in one sentence naming these two; a folder with custom code (``auto_map``)
+Anything else is refused in one sentence naming these three; a folder with custom code (``auto_map``)
 is refused unless ``trust_remote_code``. The hub is never contacted (``HF_HUB_OFFLINE`` and
 ``TRANSFORMERS_OFFLINE`` are set before ``transformers`` is imported, and every load is
 ``local_files_only``).
@@ -23,14 +24,10 @@ training use the disjoint calibration slice.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
 import math
-import os
 import statistics
-import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +38,8 @@ from torch.nn import functional as F
 
 from pareto.errors import TaskError
 from pareto.task import AttentionShape, Task
+from pareto.tasks.hf import folder_kind, label_ids, macro_f1, quiet, read_json, transformers_offline
+from pareto.tasks.images import make_image_task
 from pareto.tasks.minilm import embedding_fidelity
 from pareto.tasks.rows import Rows, read_rows
 from pareto.tasks.source import ModelSource
@@ -58,10 +57,6 @@ EVALUATE_CHUNK = 16
 TRAIN_BATCH = 8
 #: The longest a request is cut to when neither the folder nor ``--max-length`` says.
 DEFAULT_MAX_LENGTH = 512
-SUPPORTED = (
-    "pareto reads a Hugging Face folder of a sequence classifier (architectures …ForSequenceClassification) "
-    "or a sentence-transformers folder (modules.json)"
-)
 _ST = "sentence_transformers.models."
 
 
@@ -107,70 +102,6 @@ def padded_length(longest: int, padding: str, max_length: int) -> int:
     return longest
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise TaskError(f"{path} cannot be read as JSON ({type(exc).__name__}).") from exc
-    if not isinstance(value, dict):
-        raise TaskError(f"{path} is not a JSON object.")
-    return value
-
-
-def folder_kind(source: ModelSource) -> tuple[str, dict[str, Any]]:
-    """``("classifier" | "sentence", the folder's config.json)``.
-
-    Raises:
-        TaskError: not a folder of a supported kind; custom code without ``trust_remote_code``.
-    """
-    folder = Path(source.model)
-    if folder.is_file():
-        raise TaskError(f"{folder.name} is a file; {SUPPORTED} (ONNX files and .pt2 programs are not read yet).")
-    if not (folder / "config.json").is_file():
-        raise TaskError(f"{folder} has no config.json, so it is not a Hugging Face model folder; {SUPPORTED}.")
-    config = _read_json(folder / "config.json")
-    if config.get("auto_map") and not source.trust_remote_code:
-        raise TaskError(
-            f"{folder.name} runs custom code of its own (auto_map in config.json); read it and pass "
-            "--trust-remote-code to run it."
-        )
-    if (folder / "modules.json").is_file():
-        return "sentence", config
-    architectures = [str(a) for a in config.get("architectures") or []]
-    if any(a.endswith("ForSequenceClassification") for a in architectures):
-        return "classifier", config
-    named = ", ".join(architectures) or "no architectures"
-    raise TaskError(f"{folder.name} is a {named} model; {SUPPORTED}.")
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """Library log lines and warnings off the terminal while ``transformers`` imports and loads (it imports
-    torchao, which logs each kernel library this machine cannot load; torch's pytree warns about enums)."""
-    previous = logging.root.manager.disable
-    logging.disable(logging.WARNING)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logging.disable(previous)
-
-
-def _transformers() -> Any:
-    """``transformers``, imported with the hub switched off."""
-    os.environ["HF_HUB_OFFLINE"] = "1"  # read once by huggingface_hub at import
-    os.environ["TRANSFORMERS_OFFLINE"] = "1"
-    try:
-        import transformers
-        from transformers.utils import logging as hf_logging
-    except ImportError as exc:
-        raise TaskError("A Hugging Face model folder needs transformers: pip install 'pareto-slo[hf]'.") from exc
-    hf_logging.disable_progress_bar()  # a per-tensor "Loading weights" bar would break the CLI's output
-    hf_logging.set_verbosity_error()
-    return transformers
-
-
 def _pooling(folder: Path) -> tuple[str, bool, str]:
     """The sentence-transformers folder's pooling mode, whether it normalizes, and the transformer's subfolder."""
     modules = json.loads((folder / "modules.json").read_text(encoding="utf-8"))
@@ -182,7 +113,7 @@ def _pooling(folder: Path) -> tuple[str, bool, str]:
             "Transformer, a Pooling and optionally a Normalize module."
         )
     pooling_dir = folder / str(kinds["Pooling"].get("path", ""))
-    settings = _read_json(pooling_dir / "config.json") if (pooling_dir / "config.json").is_file() else {}
+    settings = read_json(pooling_dir / "config.json") if (pooling_dir / "config.json").is_file() else {}
     mode = "mean"
     if settings.get("pooling_mode_cls_token"):
         mode = "cls"
@@ -193,12 +124,12 @@ def _pooling(folder: Path) -> tuple[str, bool, str]:
 
 def _load(source: ModelSource, kind: str) -> tuple[nn.Module, Any, Any]:
     """The model as pareto calls it, its tokenizer and its Hugging Face config."""
-    with _quiet():
+    with quiet():
         return _load_quietly(source, kind)
 
 
 def _load_quietly(source: ModelSource, kind: str) -> tuple[nn.Module, Any, Any]:
-    hf = _transformers()
+    hf = transformers_offline()
     folder = Path(source.model)
     remote = {"local_files_only": True, "trust_remote_code": source.trust_remote_code}
     try:
@@ -226,37 +157,6 @@ def _max_length(source: ModelSource, tokenizer: Any, config: Any) -> int:
     if isinstance(getattr(tokenizer, "model_max_length", None), int) and tokenizer.model_max_length < 1_000_000:
         limits.append(tokenizer.model_max_length)
     return min(limits)
-
-
-def label_ids(labels: Sequence[str], config: Any, data: str) -> list[int]:
-    """Each row's label as the model's id: a label name (``config.label2id``) or an id as written.
-
-    Raises:
-        TaskError: a label the model does not have (the first one, with the model's labels).
-    """
-    by_name = {str(k): int(v) for k, v in (getattr(config, "label2id", None) or {}).items()}
-    count = int(getattr(config, "num_labels", len(by_name)) or len(by_name))
-    out = []
-    for label in labels:
-        if label in by_name:
-            out.append(by_name[label])
-        elif label.strip().lstrip("-").isdigit() and 0 <= int(label) < count:
-            out.append(int(label))
-        else:
-            names = ", ".join(sorted(by_name, key=by_name.__getitem__)) or f"ids 0–{count - 1}"
-            raise TaskError(f"{Path(data).name} has the label {label!r}, which the model does not have ({names}).")
-    return out
-
-
-def macro_f1(predicted: Sequence[int], truth: Sequence[int]) -> float:
-    """Macro-averaged F1 over the classes seen in either sequence."""
-    scores = []
-    for c in sorted(set(predicted) | set(truth)):
-        tp = sum(p == c and t == c for p, t in zip(predicted, truth, strict=True))
-        fp = sum(p == c and t != c for p, t in zip(predicted, truth, strict=True))
-        fn = sum(p != c and t == c for p, t in zip(predicted, truth, strict=True))
-        scores.append(2 * tp / (2 * tp + fp + fn) if tp + fp + fn else 1.0)
-    return float(np.mean(scores))
 
 
 class _Shaper:
@@ -310,6 +210,8 @@ def make_task(source: ModelSource) -> Task:
     """
     source.check_files()
     kind, _ = folder_kind(source)
+    if kind == "image":
+        return make_image_task(source)
     model, tokenizer, config = _load(source, kind)
     rows = read_rows(Path(source.data), source.text_field, source.label_field if kind == "classifier" else None)
     if kind == "classifier" and rows.labels is None:

@@ -133,3 +133,34 @@ def _field(record: dict[str, object], name: str, path: Path, line: int, option: 
     if isinstance(value, (dict, list)):
         raise TaskError(f"{path.name} line {line}: {name!r} is a {type(value).__name__}, not text or a label.")
     return str(value)
+
+
+#: The image files a folder of images is read for.
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
+
+
+def read_image_rows(path: Path, image_field: str, label_field: str | None) -> Rows:
+    """Images and labels: a folder with one subfolder per label (the subfolder's name is the label, as
+    torchvision's ImageFolder reads it), or a JSONL/CSV file whose ``image_field`` holds each image's path
+    (relative to the file's folder). The rows' texts are the images' absolute paths.
+
+    Raises:
+        TaskError: no images, a label field missing, or an image file that does not exist.
+    """
+    if path.is_dir():
+        found = sorted(
+            (image, label.name)
+            for label in path.iterdir()
+            if label.is_dir()
+            for image in label.rglob("*")
+            if image.suffix.lower() in IMAGE_SUFFIXES
+        )
+        if not found:
+            raise TaskError(f"{path} holds no images in label subfolders (one folder per label, images inside).")
+        return Rows(tuple(str(image) for image, _ in found), tuple(label for _, label in found))
+    rows = read_rows(path, image_field, label_field)
+    images = tuple(str((path.parent / text).resolve()) for text in rows.texts)
+    missing = next((i for i, image in enumerate(images) if not Path(image).is_file()), None)
+    if missing is not None:
+        raise TaskError(f"{path.name} row {missing + 1} names {rows.texts[missing]!r}, which is not a file.")
+    return Rows(images, rows.labels)

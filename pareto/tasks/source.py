@@ -38,6 +38,8 @@ class ModelSource:
     data: str
     text_field: str = "text"
     label_field: str | None = "label"
+    #: an image classifier's data: the field holding each image's path (a JSONL or CSV file's)
+    image_field: str = "image"
     metric: str = "accuracy"
     padding: str = "request"
     max_length: int | None = None
@@ -63,10 +65,10 @@ class ModelSource:
         model_path, data_path = Path(model).expanduser().resolve(), Path(data).expanduser().resolve()
         if not model_path.exists():
             raise TaskError(f"No model at {str(model)!r}: give a Hugging Face model folder.")
-        if not data_path.is_file():
-            raise TaskError(f"No data file at {str(data)!r}: give a .jsonl or .csv file.")
+        if not data_path.exists():
+            raise TaskError(f"No data at {str(data)!r}: give a .jsonl or .csv file (or, for images, a folder).")
         source = cls(str(model_path), str(data_path), **settings)  # type: ignore[arg-type]
-        return replace(source, model_sha256=folder_digest(model_path), data_sha256=file_digest(data_path))
+        return replace(source, model_sha256=folder_digest(model_path), data_sha256=folder_digest(data_path))
 
     @property
     def name(self) -> str:
@@ -103,7 +105,7 @@ class ModelSource:
         """Raises TaskError when the model folder or the data file is gone or no longer what the study measured."""
         for what, path, stored, digest in (
             ("model", Path(self.model), self.model_sha256, folder_digest),
-            ("data file", Path(self.data), self.data_sha256, file_digest),
+            ("data file", Path(self.data), self.data_sha256, folder_digest),
         ):
             if not path.exists():
                 raise TaskError(f"The {what} this study measured, {str(path)!r}, is gone.")
