@@ -433,7 +433,7 @@ class SearchSpec(_Strict):
 
     @model_validator(mode="after")
     def _inputs_need_a_model(self) -> SearchSpec:
-        if "inputs" in self.model_fields_set and not is_source_ref(self.task):
+        if self.inputs != Inputs() and not is_source_ref(self.task):
             raise ValueError("the data settings (inputs: --text-field, --padding…) need a model folder: give --model")
         return self
 
@@ -572,6 +572,8 @@ def read_config(path: str | os.PathLike[str] | None) -> dict[str, Any]:
                 f"Config {where} is not a YAML text file (character #x{exc.character:04x} at offset "
                 f"{exc.position}): pass a YAML search spec."
             ) from exc
+        except RecursionError as exc:  # "[[[[…" thousands deep: no spec nests like that
+            raise UsageError(f"Config {where} nests deeper than a YAML search spec can: pass a search spec.") from exc
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
