@@ -99,3 +99,15 @@ def exception_line(exc: BaseException) -> str:
     """``"TypeName: the first line of its message"``: how a failure inside user code, a library or a
     kernel is quoted in one sentence."""
     return f"{type(exc).__name__}: {message_line(exc)}"
+
+
+#: A URL's password (``scheme://user:PASSWORD@host``) and a query or option value whose name says it is a
+#: secret (``?password=…``, ``sslpassword``, ``token``, ``secret``, ``api_key``).
+_URL_PASSWORD = re.compile(r"(\w[\w+.-]*://[^\s:/@]*:)[^\s@]*@")
+_SECRET_VALUE = re.compile(r"((?:[?&;\s]|^)[\w.-]*(?:pass|secret|token|key)[\w.-]*=)[^&;\s]*", re.IGNORECASE)
+
+
+def redact(text: str) -> str:
+    """``text`` with every URL password and every ``name=value`` whose name says secret (password,
+    token, key…) replaced by ``***``: what pareto prints or stores of a URL or a command line."""
+    return _SECRET_VALUE.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", text))

@@ -55,7 +55,7 @@ from filelock import FileLock, Timeout
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
-from pareto.errors import LockHeld, TimingLockStuck, UsageError
+from pareto.errors import LockHeld, TimingLockStuck, UsageError, redact
 
 if sys.platform != "win32":
     import fcntl
@@ -437,7 +437,8 @@ def _write_holder(path: Path, what: str | None) -> None:
     note = {
         "pid": os.getpid(),
         "host": socket.gethostname(),
-        "what": what or " ".join(["pareto" if i == 0 else a for i, a in enumerate(sys.argv)])[:300],
+        # a command line may carry a database URL with its password: never in a note other users can read
+        "what": redact(what or " ".join(["pareto" if i == 0 else a for i, a in enumerate(sys.argv)]))[:300],
         "since": time.time(),
     }
     partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")

@@ -47,6 +47,7 @@ from pareto.errors import NoFeasibleConfiguration, NotFound, ParetoError, StoreE
 from pareto.store.engine import check_path, open_engine, read_engine, require_schema, resolve_url
 from pareto.store.health import ping
 from pareto.store.version import data_version
+from pareto.units import MAX_SIZE_BYTES
 
 DESCRIPTION = """\
 Read-only queries over a pareto database: the studies, a study's Pareto frontier, and the best
@@ -210,7 +211,11 @@ MinAccuracy = Annotated[
 ]
 MaxMemory = Annotated[
     int | None,
-    Query(gt=0, description="Memory budget in bytes: params + activations + KV cache [default: the study's]."),
+    Query(
+        gt=0,
+        lt=MAX_SIZE_BYTES,  # what a 64-bit column holds: a larger one is a 422, never an overflow in the driver
+        description="Memory budget in bytes: params + activations + KV cache [default: the study's].",
+    ),
 ]
 EnvironmentKey = Annotated[
     str | None,

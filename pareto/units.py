@@ -63,6 +63,10 @@ def parse_duration_ms(text: str | float | int) -> float:
     return value * factor
 
 
+#: The largest size a stored row holds: a signed 64-bit integer column (SQLite and PostgreSQL alike).
+MAX_SIZE_BYTES = 2**63
+
+
 def parse_size_bytes(text: str | float | int) -> int:
     """Parse a positive size with a unit (``512MiB``, ``2GB``) into bytes.
 
@@ -76,7 +80,10 @@ def parse_size_bytes(text: str | float | int) -> int:
         raise UsageError(f"Unknown size unit {unit!r} in {text!r}; write it like {example}.")
     if not value > 0:
         raise UsageError(f"Size {text!r} must be positive; write it like {example}.")
-    return round(value * factor)
+    size = value * factor
+    if not size < MAX_SIZE_BYTES:  # inf, and what a 64-bit database column cannot hold
+        raise UsageError(f"Size {text!r} is over the 8 EiB a database stores; write it like {example}.")
+    return round(size)
 
 
 _RATE = re.compile(rf"^\s*{_NUMBER}\s*(?:samples?|items?|queries|q)?\s*(/\s*s|/\s*sec|per\s+s(?:econd)?|qps)\s*$", re.I)

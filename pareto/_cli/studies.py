@@ -65,7 +65,7 @@ def studies_create(
 
     overrides = {"task": task, "study": study, "objectives": objectives.split(",") if objectives else None}
     name = create_study(load_spec(config_path, overrides), db=db)
-    out.print(f"Study {name!r} is ready for workers.")
+    out.print(f"Study {name!r} is ready for workers.", markup=False)
 
 
 @command.command("delete")
@@ -90,6 +90,7 @@ def studies_delete(name: str, yes: bool, db: str | None) -> int:
     out.print(
         f"Deleted study {name!r}: {count(removed['trials'], 'trial')}, "
         f"{count(removed['measurements'], 'measurement')}, "
-        f"{count(removed['nightly_runs'], 'nightly run')}; Optuna's study {removed['optuna']}."
+        f"{count(removed['nightly_runs'], 'nightly run')}; Optuna's study {removed['optuna']}.",
+        markup=False,
     )
     return 0

@@ -31,6 +31,7 @@ import json
 import os
 import signal
 import socket
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -160,17 +161,21 @@ class _Job:
         self.terminated = terminated
         self.constraints: Constraints = spec.constraints()
         self.summary: dict[str, Any] = {"study": spec.study_name, "task": spec.task}
+        self.closed = False  # the history row has its status
         self.last_pick: int | None = None  #: the last nightly's pick (``_open_history``)
         #: the runs of tonight's re-measurements: stored held, promoted when the night ends with a verdict
         self.runs: list[int] = []
 
     def run(self) -> NightlyResult:
+        self.check_summary_dir()
         bench = open_bench(self.db_url, load_task(self.spec.task), self.spec.measure)
         study_id, row_id, reference = self._open_history(bench)
         try:
             result = self._run(bench, study_id, row_id, reference)
         except BaseException as exc:
-            self._close_history(row_id, "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed", error=exc)
+            ended = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+            if not self.closed:  # a verdict stored before the summary failed to write stays the verdict
+                self._close_history(row_id, ended, error=exc)
             raise
         return result
 
@@ -222,7 +227,7 @@ class _Job:
     def _close(
         self, row_id: int, status: str, pick_before: Candidate | None, pick_after: Candidate | None, trials_run: int
     ) -> NightlyResult:
-        markdown_path, json_path = self._write_summary()
+        markdown_path, json_path = self._summary_paths()
         change = self.summary.get("change_point")
         self._close_history(
             row_id,
@@ -233,6 +238,7 @@ class _Job:
             regressions=len(self.summary["regressions"]) + int(bool(change and change["new"])),
             summary_path=str(json_path),
         )
+        self._write_summary(markdown_path, json_path)
         code = EXIT_REGRESSION if status == "regression" else EXIT_TEMPFAIL if status == "noisy" else 0
         return NightlyResult(self.spec.study_name, status, code, self.summary, markdown_path, json_path)
 
@@ -476,19 +482,38 @@ class _Job:
             raise KeyboardInterrupt
         return result.trials_run - result.repeats - result.busy, result.stopped_busy  # new configurations
 
-    def _write_summary(self) -> tuple[Path, Path]:
+    def check_summary_dir(self) -> None:
+        """Raises UsageError before the night when its summary folder cannot be made or written to (a
+        night's work is not run to lose its summary at the end)."""
         folder = Path(self.settings.summary_dir)
         try:
             folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=folder, prefix=".pareto-write-check-"):
+                pass
         except OSError as exc:
-            raise UsageError(f"Cannot create the summary folder {folder}: {exc.strerror or exc}.") from exc
+            raise UsageError(
+                f"Cannot write the nightly summary to {folder}: {exc.strerror or exc}; set nightly.summary_dir "
+                "to a folder this job can write."
+            ) from exc
+
+    def _summary_paths(self) -> tuple[Path, Path]:
         stamp = datetime.fromisoformat(self.summary["started_at"]).strftime("%Y%m%dT%H%M%SZ")
-        base = folder / f"nightly-{_slug(self.spec.study_name)}-{stamp}"
+        base = Path(self.settings.summary_dir) / f"nightly-{_slug(self.spec.study_name)}-{stamp}"
         json_path, markdown_path = base.with_suffix(".json"), base.with_suffix(".md")
         self.summary["summary_markdown"], self.summary["summary_json"] = str(markdown_path), str(json_path)
-        json_path.write_text(json.dumps(self.summary, indent=2, default=str) + "\n")
-        markdown_path.write_text(summary_markdown(self.summary))
         return markdown_path, json_path
+
+    def _write_summary(self, markdown_path: Path, json_path: Path) -> None:
+        """Raises UsageError when the folder stopped taking writes during the night (the verdict is stored)."""
+        try:
+            json_path.parent.mkdir(parents=True, exist_ok=True)
+            json_path.write_text(json.dumps(self.summary, indent=2, default=str) + "\n")
+            markdown_path.write_text(summary_markdown(self.summary))
+        except OSError as exc:
+            raise UsageError(
+                f"The night's verdict ({self.summary.get('status')}) is stored, but its summary could not be written "
+                f"to {json_path.parent}: {exc.strerror or exc}."
+            ) from exc
 
     def _close_history(self, row_id: int, status: str, *, error: BaseException | None = None, **values: Any) -> None:
         """The night's history row closed; a night that ended with a verdict (not interrupted, failed or
@@ -503,6 +528,7 @@ class _Job:
             if error is not None:
                 summary["error"] = "interrupted" if isinstance(error, KeyboardInterrupt) else f"{error}"
             w.close_nightly(row_id, status, values, json.loads(json.dumps(summary, default=str)))
+        self.closed = True
 
 
 def _load(bench: Any, study_id: int, env_id: int | None, *, promoted: list[int] | None = None) -> list[Candidate]:

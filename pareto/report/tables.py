@@ -298,7 +298,7 @@ class ProgressReporter:
         self.total, self.timeout_s, self.started = n_trials, timeout_s, time.monotonic()
         resumed = f", continuing after {stored} stored trial{'s' if stored != 1 else ''}" if stored else ""
         self._print(
-            f"Study [bold]{study}[/] on task [bold]{task}[/]: {n_trials} new configuration"
+            f"Study [bold]{escape(study)}[/] on task [bold]{escape(task)}[/]: {n_trials} new configuration"
             f"{'s' if n_trials != 1 else ''}{resumed} (a repeat of one measured already is not counted)."
         )
         self.task_id = self.progress.add_task(study, total=n_trials, left="")

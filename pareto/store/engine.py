@@ -17,7 +17,7 @@ from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from pareto.errors import DatabasePathError, StoreError, UsageError, message_line
+from pareto.errors import DatabasePathError, StoreError, UsageError, message_line, redact
 from pareto.locks import advisory_key
 from pareto.store.version import ParetoSession  # bumps the data version when it writes
 
@@ -51,15 +51,16 @@ def resolve_url(db: str | None = None) -> str:
 
 
 def display_url(url: str | URL) -> str:
-    """A database URL as pareto prints it: the password replaced by ``***``, even in a URL that does not
-    parse. Every URL pareto prints (errors, ``pareto db``, ``pareto serve``) goes through here."""
+    """A database URL as pareto prints it: the password, and query values named like secrets
+    (``?password=…``, ``sslpassword``), replaced by ``***``, even in a URL that does not parse. Every URL
+    pareto prints (errors, ``pareto db``, ``pareto serve``) goes through here."""
     if isinstance(url, URL):
-        return url.render_as_string(hide_password=True)
+        return redact(url.render_as_string(hide_password=True))
     try:
-        return make_url(url).render_as_string(hide_password=True)
+        return redact(make_url(url).render_as_string(hide_password=True))
     except (ArgumentError, ValueError):
         # greedy up to the last "@": a password may hold an unescaped "@"
-        return re.sub(r"^([^:/]*://[^:/@]*:).*@", r"\1***@", url)
+        return redact(re.sub(r"^([^:/]*://[^:/@]*:).*@", r"\1***@", url))
 
 
 def engine_kwargs(url: str) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
-from pareto.errors import NotFound, UsageError
+from pareto.errors import NotFound, StoreError, UsageError
 from pareto.front import DEFAULT_OBJECTIVE_NAMES, PICK_ORDER, Candidate
 from pareto.limits import Constraints
 from pareto.machine import HardwareProfile, describe_cpu_features, environment_key
@@ -241,13 +241,19 @@ def _baselines(
     return by_run, latest
 
 
+#: Reads of the pick before ``best_candidate`` gives up on a study that confirmations keep changing.
+PICK_TRIES = 5
+
+
 def best_candidate(
     session: Session, study: Study, environment: Environment, constraints: Constraints
 ) -> Candidate | None:
     """The pick ``pareto.front.select_best`` would make among ``candidates(...)``, found by the
     database: the feasible preferred measurements filtered and ordered in SQL, one row read.
 
-    None when nothing is feasible (then ``closest_candidate`` says what is nearest).
+    None when nothing is feasible (then ``closest_candidate`` says what is nearest). The pick's id and its
+    row are two statements: a confirmation committed between them (it changes which measurement is
+    preferred) is answered by asking again, up to ``PICK_TRIES`` times.
     """
     query = (
         select(Measurement.id)
@@ -256,10 +262,14 @@ def best_candidate(
         .order_by(*_pick_order())
         .limit(1)
     )
-    found = session.scalar(query)
-    if found is None:
-        return None
-    return candidates(session, study, environment, measurement_ids=[found])[0]
+    for _ in range(PICK_TRIES):
+        found = session.scalar(query)
+        if found is None:
+            return None
+        picked = candidates(session, study, environment, measurement_ids=[found])
+        if picked:
+            return picked[0]
+    raise StoreError(f"Study {study.name!r} changed under {PICK_TRIES} reads in a row; ask again.")
 
 
 def _feasible(constraints: Constraints) -> list[Any]:

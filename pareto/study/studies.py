@@ -33,8 +33,17 @@ def directions(spec: SearchSpec) -> list[optuna.study.StudyDirection]:
 
 
 def heartbeat_interval_s() -> int:
-    """Seconds between a worker's heartbeats (``PARETO_HEARTBEAT_S``; tests shorten it)."""
-    return max(1, int(os.environ.get("PARETO_HEARTBEAT_S") or HEARTBEAT_INTERVAL_S))
+    """Seconds between a worker's heartbeats (``PARETO_HEARTBEAT_S``; tests shorten it).
+
+    Raises:
+        UsageError: ``PARETO_HEARTBEAT_S`` is not a whole number of seconds from 1 to a day.
+    """
+    raw = (os.environ.get("PARETO_HEARTBEAT_S") or "").strip()
+    if not raw:
+        return HEARTBEAT_INTERVAL_S
+    if not raw.isdigit() or not 1 <= int(raw) <= 86_400:
+        raise UsageError(f"PARETO_HEARTBEAT_S is {raw[:40]!r}; give whole seconds from 1 to 86400, or unset it.")
+    return int(raw)
 
 
 def optuna_storage(db_url: str, engine: Engine, study_id: int) -> optuna.storages.RDBStorage:
