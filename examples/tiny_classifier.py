@@ -5,14 +5,16 @@ positive from negative reviews made of stock words, saved with ``save_pretrained
 model is; the data file holds 600 labelled reviews of 3 to 60 words. Nothing is downloaded. Then::
 
     python examples/tiny_classifier.py /tmp/reviews
-    pareto search --model /tmp/reviews/model --data /tmp/reviews/reviews.jsonl --slo-p99 5ms --n-trials 12
+    pareto search --model /tmp/reviews/classifier --data /tmp/reviews/reviews.jsonl --slo-p99 5ms --n-trials 12
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import random
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -57,8 +59,12 @@ def review(rng: random.Random) -> dict[str, str]:
 
 
 def main(out: Path) -> None:
+    logging.disable(logging.WARNING)  # transformers imports torchao, which logs each kernel it cannot load here
+    warnings.simplefilter("ignore")
     import transformers
     from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
+
+    transformers.utils.logging.disable_progress_bar()
 
     argument = "vocab" if int(transformers.__version__.split(".")[0]) >= 5 else "vocab_file"  # renamed in 5
 
@@ -93,10 +99,10 @@ def main(out: Path) -> None:
         loss.backward()
         optimizer.step()
     model.eval()
-    model.save_pretrained(out / "model")
-    tokenizer.save_pretrained(out / "model")
+    model.save_pretrained(out / "classifier")
+    tokenizer.save_pretrained(out / "classifier")
     vocab.unlink()
-    print(f"wrote {out / 'model'} and {out / 'reviews.jsonl'} (600 rows)")
+    print(f"wrote {out / 'classifier'} and {out / 'reviews.jsonl'} (600 rows)")
 
 
 if __name__ == "__main__":
