@@ -89,7 +89,6 @@ from pareto.export.manifest import (
     TECHNIQUE_NOTES,
     build_manifest,
     environment_differences,
-    sha256,
 )
 from pareto.limits import Limits
 from pareto.machine import environment_key
@@ -97,6 +96,7 @@ from pareto.measure.environment import fingerprint
 from pareto.store.engine import open_engine, require_schema, resolve_url
 from pareto.store.reads import reading
 from pareto.task import load_task
+from pareto.tasks.rows import file_digest
 
 if TYPE_CHECKING:
     pass
@@ -118,7 +118,6 @@ __all__ = [
     "export",
     "max_abs_diff",
     "select_trial",
-    "sha256",
 ]
 
 
@@ -260,7 +259,7 @@ def _export(selection: Selection, target: Path, staging: Path, fresh_process: bo
         selection,
         config,
         artifact,
-        files={artifact.file: {"sha256": sha256(written), "bytes": written.stat().st_size}},
+        files={artifact.file: {"sha256": file_digest(written), "bytes": written.stat().st_size}},
         device=device,
         here=here,
         differences=differences,

@@ -4,10 +4,8 @@ as it was measured, what the reload check found, and where this environment diff
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator, Mapping
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pareto._version import __version__
@@ -287,12 +285,3 @@ def _at_rate(m: dict[str, Any]) -> dict[str, Any]:
             "rate whose request P99 bound stayed within the study's SLO with them",
         }
     }
-
-
-def sha256(path: Path) -> str:
-    """The SHA-256 of a file, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
