@@ -15,6 +15,7 @@ is called with generated query values and must not answer 500.
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import random
 import sqlite3
@@ -128,6 +129,7 @@ def test_no_command_answers_a_value_with_a_traceback(
         for module, attr in patches:
             monkeypatch.setattr(f"{module}.{attr}", reached)
     monkeypatch.chdir(tmp_path)  # report -o and export -o write relative paths here
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))  # a confirmation prompt reads end of input: "no"
     values, rng = _values(tmp_path), random.Random(SEED)
     commands = list(_commands(cli))
     outcomes: Counter[str] = Counter()
