@@ -47,7 +47,7 @@ STUBBED = {
     "techniques": [("pareto._cli.techniques", "run")],
     "studies create": [("pareto._cli.studies", "create_study")],
     "studies delete": [("pareto._cli.studies", "delete_study")],
-    "serve": [("uvicorn", "run")],
+    "serve": [("uvicorn.Server", "run")],
 }
 READS = {"best", "frontier", "explain", "history", "studies", "report", "hardware"}
 

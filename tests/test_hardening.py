@@ -101,3 +101,12 @@ def test_best_asks_again_when_a_confirmation_lands_between_its_two_reads(monkeyp
     monkeypatch.setattr(queries, "candidates", lambda *a, **k: [])
     with pytest.raises(StoreError, match="changed under 5 reads in a row"):
         queries.best_candidate(session, study, mock.Mock(), Constraints())
+
+
+def test_a_host_name_no_dns_label_holds_is_one_sentence(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("uvicorn")
+    db = f"sqlite:///{tmp_path}/p.db"
+    assert main(["db", "upgrade", "--db", db]) == 0
+    assert main(["serve", "--host", "x" * 300, "--db", db]) != 0
+    err = capsys.readouterr().err
+    assert "not a host name; pass --host with an address" in err and "Traceback" not in err

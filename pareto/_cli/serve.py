@@ -12,7 +12,7 @@ import click
 
 from pareto._cli.options import db_option, err
 from pareto.errors import ParetoError, UsageError
-from pareto.store.engine import open_engine, require_schema, resolve_url
+from pareto.store.engine import display_url, open_engine, require_schema, resolve_url
 
 
 @click.command("serve")
@@ -69,7 +69,7 @@ def command(db: str | None, host: str, port: int, token_file: str | None, allowe
         )
     sock = bind(host, port, where)
     shown = f"[{host}]" if ":" in host else host
-    safe = engine.url.render_as_string(hide_password=True)
+    safe = display_url(engine.url)
     err.print(
         f"Serving {safe} read-only at http://{shown}:{port} (OpenAPI at /docs"
         + (", bearer token required" if token else "")
@@ -114,6 +114,8 @@ def resolve(host: str, port: int) -> tuple[int, int, int, tuple[Any, ...]]:
         family, kind, proto, _, address = socket.getaddrinfo(
             host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
         )[0]
+    except UnicodeError as exc:  # a name no DNS label can hold (too long, empty): Python's IDNA codec refuses it
+        raise UsageError(f"Cannot listen on {host[:80]!r}: not a host name; pass --host with an address.") from exc
     except OSError as exc:
         raise UsageError(f"Cannot listen on {host}: {exc.strerror or exc}; pass --host with an address.") from exc
     return family, kind, proto, address
