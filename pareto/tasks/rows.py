@@ -160,7 +160,15 @@ def read_image_rows(path: Path, image_field: str, label_field: str | None) -> Ro
         return Rows(tuple(str(image) for image, _ in found), tuple(label for _, label in found))
     rows = read_rows(path, image_field, label_field)
     images = tuple(str((path.parent / text).resolve()) for text in rows.texts)
-    missing = next((i for i, image in enumerate(images) if not Path(image).is_file()), None)
+    missing = next((i for i, image in enumerate(images) if not _is_file(Path(image))), None)
     if missing is not None:
         raise TaskError(f"{path.name} row {missing + 1} names {rows.texts[missing]!r}, which is not a file.")
     return Rows(images, rows.labels)
+
+
+def _is_file(path: Path) -> bool:
+    """``path.is_file()``, False too for a name the file system cannot hold (too long)."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False

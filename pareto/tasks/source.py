@@ -62,13 +62,18 @@ class ModelSource:
         Raises:
             TaskError: either path does not exist.
         """
-        model_path, data_path = Path(model).expanduser().resolve(), Path(data).expanduser().resolve()
-        if not model_path.exists():
-            raise TaskError(f"No model at {str(model)!r}: give a Hugging Face model folder.")
-        if not data_path.exists():
-            raise TaskError(f"No data at {str(data)!r}: give a .jsonl or .csv file (or, for images, a folder).")
-        source = cls(str(model_path), str(data_path), **settings)  # type: ignore[arg-type]
-        return replace(source, model_sha256=folder_digest(model_path), data_sha256=folder_digest(data_path))
+        try:
+            model_path, data_path = Path(model).expanduser().resolve(), Path(data).expanduser().resolve()
+            if not model_path.exists():
+                raise TaskError(f"No model at {str(model)[:200]!r}: give a Hugging Face model folder.")
+            if not data_path.exists():
+                raise TaskError(
+                    f"No data at {str(data)[:200]!r}: give a .jsonl or .csv file (or, for images, a folder)."
+                )
+            source = cls(str(model_path), str(data_path), **settings)  # type: ignore[arg-type]
+            return replace(source, model_sha256=folder_digest(model_path), data_sha256=folder_digest(data_path))
+        except OSError as exc:  # a name too long for the file system, a folder it may not read
+            raise TaskError(f"Cannot read {str(exc.filename or model)[:200]!r}: {exc.strerror or exc}.") from exc
 
     @property
     def name(self) -> str:
