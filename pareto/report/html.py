@@ -102,6 +102,13 @@ def _require_matplotlib() -> None:
 
 def _check_target(target: Path, *, force: bool) -> None:
     """Refuse a non-empty folder (without ``force``) or a path that cannot become a folder, creating nothing."""
+    try:
+        _check_existing_target(target, force=force)
+    except OSError as exc:  # a name too long for the file system, a folder it may not list
+        raise UsageError(f"Cannot write the report to {str(target)[:200]}: {exc.strerror or exc}.") from exc
+
+
+def _check_existing_target(target: Path, *, force: bool) -> None:
     if target.exists():
         if not target.is_dir():
             raise UsageError(f"Cannot write the report to {target}: it is a file, not a folder.")
