@@ -209,7 +209,7 @@ def make_task(source: ModelSource) -> Task:
             lacks a field, or names a label the model does not have.
     """
     source.check_files()
-    kind, _ = folder_kind(source)
+    kind = folder_kind(source)
     if kind == "image":
         return make_image_task(source)
     model, tokenizer, config = _load(source, kind)

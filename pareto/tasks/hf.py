@@ -23,7 +23,7 @@ SUPPORTED = (
 )
 
 
-def read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> dict[str, object]:
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -33,8 +33,8 @@ def read_json(path: Path) -> dict[str, Any]:
     return value
 
 
-def folder_kind(source: ModelSource) -> tuple[str, dict[str, Any]]:
-    """``("classifier" | "image" | "sentence", the folder's config.json)``.
+def folder_kind(source: ModelSource) -> str:
+    """ "classifier", "image" or "sentence", told from the folder's ``config.json`` and ``modules.json``.
 
     Raises:
         TaskError: not a folder of a supported kind; custom code without ``trust_remote_code``.
@@ -51,12 +51,13 @@ def folder_kind(source: ModelSource) -> tuple[str, dict[str, Any]]:
             "--trust-remote-code to run it."
         )
     if (folder / "modules.json").is_file():
-        return "sentence", config
-    architectures = [str(a) for a in config.get("architectures") or []]
+        return "sentence"
+    named = config.get("architectures")
+    architectures = [str(a) for a in named] if isinstance(named, list) else []
     if any(a.endswith("ForSequenceClassification") for a in architectures):
-        return "classifier", config
+        return "classifier"
     if any(a.endswith("ForImageClassification") for a in architectures):
-        return "image", config
+        return "image"
     named = ", ".join(architectures) or "no architectures"
     raise TaskError(f"{folder.name} is a {named} model; {SUPPORTED}.")
 
