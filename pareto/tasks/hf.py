@@ -58,8 +58,7 @@ def folder_kind(source: ModelSource) -> str:
         return "classifier"
     if any(a.endswith("ForImageClassification") for a in architectures):
         return "image"
-    named = ", ".join(architectures) or "no architectures"
-    raise TaskError(f"{folder.name} is a {named} model; {SUPPORTED}.")
+    raise TaskError(f"{folder.name} is a {', '.join(architectures) or 'no architectures'} model; {SUPPORTED}.")
 
 
 @contextlib.contextmanager
