@@ -136,6 +136,20 @@ def test_the_nightly_loads_its_stored_reference_onto_the_bench_device(monkeypatc
     assert timed.model(timed.inputs).device.type == "meta"
 
 
+def test_a_stored_reference_that_does_not_match_its_digest_is_not_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pareto.drift.history import BenchReferences
+    from pareto.store import storage
+
+    blob, kind = freeze(_WithConstant().eval(), torch.randn(2, 8))
+    tampered = blob[:-1] + bytes([blob[-1] ^ 1])  # one bit of the last byte flipped
+    monkeypatch.setattr(storage, "reference_program", lambda _engine, _study, _digest: tampered)
+    loaded = _spy_order(monkeypatch)
+    notices: list[str] = []
+    bench = SimpleNamespace(device="cpu", engine=None, task=SimpleNamespace(example_input=torch.randn))
+    assert BenchReferences(bench, 1, notices.append).load(Reference(batch=2, kind=kind)) is None
+    assert loaded == [] and "does not match its digest" in notices[0]
+
+
 def test_the_torchao_check_reads_compressed_records_too() -> None:
     import io
     import zipfile

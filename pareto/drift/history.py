@@ -9,6 +9,7 @@ for in (``pareto.drift.stats`` holds the statistics).
 
 from __future__ import annotations
 
+import hashlib
 import math
 import statistics
 from dataclasses import dataclass
@@ -348,6 +349,12 @@ class BenchReferences:
         blob = storage.reference_program(self.bench.engine, self.study_id, reference.digest)
         if blob is None:
             self.notice(f"The study's reference program {reference.digest[:12]} is gone: freezing a new one.")
+            return None
+        if hashlib.sha256(blob).hexdigest() != reference.digest:  # checked before any byte of it is loaded
+            self.notice(
+                f"The study's reference program {reference.digest[:12]} does not match its digest (changed in the "
+                "database): it is not loaded; freezing a new one."
+            )
             return None
         # onto the night's device: the program names the device it was frozen on, perhaps another GPU index
         with gpu_work(device, what="the nightly's reference, loaded"):
