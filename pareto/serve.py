@@ -47,6 +47,7 @@ from pareto.errors import NoFeasibleConfiguration, NotFound, ParetoError, StoreE
 from pareto.store.engine import check_path, open_engine, read_engine, require_schema, resolve_url
 from pareto.store.health import ping
 from pareto.store.version import data_version
+from pareto.store.writes import STUDY_NAME_LENGTH
 from pareto.units import MAX_SIZE_BYTES
 
 DESCRIPTION = """\
@@ -193,6 +194,9 @@ def shown(status: int, detail: str, reveal: bool) -> str:
     return DATABASE_DOWN
 
 
+#: The longest environment selector: a key is 16 characters; ``latest`` and ``all`` are shorter.
+ENVIRONMENT_KEY_MAX = 64
+
 SloP99 = Annotated[
     float | None,
     Query(gt=0, allow_inf_nan=False, description="P99 bound in milliseconds [default: the study's SLO]."),
@@ -220,11 +224,12 @@ MaxMemory = Annotated[
 EnvironmentKey = Annotated[
     str | None,
     Query(
+        max_length=ENVIRONMENT_KEY_MAX,  # a longer one names no environment, and would only grow the kept answers
         description="`latest` (default: where the study was last measured), an environment key or a unique prefix "
-        "of one; the frontier also takes `all`."
+        "of one; the frontier also takes `all`.",
     ),
 ]
-StudyName = Annotated[str, Path(description="The study's name.")]
+StudyName = Annotated[str, Path(max_length=STUDY_NAME_LENGTH, description="The study's name.")]
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     404: {"description": "No such study, or no stored configuration meets the SLO; `detail` says which."},

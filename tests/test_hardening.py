@@ -110,3 +110,18 @@ def test_a_host_name_no_dns_label_holds_is_one_sentence(tmp_path: Path, capsys: 
     assert main(["serve", "--host", "x" * 300, "--db", db]) != 0
     err = capsys.readouterr().err
     assert "not a host name; pass --host with an address" in err and "Traceback" not in err
+
+
+def test_serve_refuses_names_no_study_or_environment_can_have(tmp_path: Path) -> None:
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from pareto.serve import create_app
+
+    db = f"sqlite:///{tmp_path}/p.db"
+    assert main(["db", "upgrade", "--db", db]) == 0
+    client = TestClient(create_app(db), base_url="http://localhost")
+    assert client.get(f"/studies/{'x' * 300}/best").status_code == 422  # longer than a study name is stored
+    assert client.get("/studies/s/frontier", params={"environment": "e" * 65}).status_code == 422
+    assert client.get("/studies/s/best", params={"max_memory_bytes": str(2**63)}).status_code == 422
+    assert client.get("/studies/s/best").status_code == 404
