@@ -221,3 +221,21 @@ def test_the_data_version_moves_once_with_every_transaction_that_writes(store: t
         except IntegrityError:
             pass
     assert data_version(engine) == start + 2
+
+
+def test_a_claim_that_loses_leaves_the_data_version_where_it_was(store: tuple[Engine, Claims]) -> None:
+    from pareto.store import storage
+    from pareto.store.version import data_version
+
+    engine, claimer = store
+    first, _ = storage.claim(engine, _row(claimer, 0), "cfg", replacing=None, slo_ms=None, busy=None)
+    assert first is not None
+    before = data_version(engine)
+    for number in range(1, 4):  # a waiting worker tries again every second: serve's kept answers stay good
+        assert storage.claim(engine, _row(claimer, number), "cfg", replacing=None, slo_ms=None, busy=None) == (
+            None,
+            None,
+        )
+    assert data_version(engine) == before
+    storage.claim(engine, _row(claimer, 9, key="other"), "other", replacing=None, slo_ms=None, busy=None)
+    assert data_version(engine) == before + 1  # a claim that stores a row still moves it

@@ -27,6 +27,7 @@ from pareto.store.models import (
     Trial,
     utcnow,
 )
+from pareto.store.version import wrote, wrote_nothing
 
 #: The states of a trial that gave a verdict on its configuration in an environment.
 VERDICT_STATES = ("COMPLETE", "PRUNED", "FAILED")
@@ -79,7 +80,11 @@ def claim_trial(session: Session, row: Trial) -> int | None:
         .returning(Trial.id)
     )
     # no savepoint: on SQLite, one that opens the transaction commits it when released
-    return session.execute(statement).scalar()
+    had_written = wrote(session)
+    claimed = session.execute(statement).scalar()
+    if claimed is None and not had_written:  # a claim that lost stored nothing: readers' caches stay good
+        wrote_nothing(session)
+    return claimed
 
 
 def drop_trial(session: Session, trial_id: int) -> None:

@@ -40,6 +40,17 @@ def _executed(state: ORMExecuteState) -> None:
         state.session.info[_WROTE] = True
 
 
+def wrote(session: Session) -> bool:
+    """Whether this transaction has written anything so far (and will bump the data version)."""
+    return bool(session.info.get(_WROTE)) or bool(session.new or session.dirty or session.deleted)
+
+
+def wrote_nothing(session: Session) -> None:
+    """Say that the transaction's statements so far changed no row (an insert that did nothing on a
+    conflict): unless something else writes, committing it leaves the data version where it was."""
+    session.info.pop(_WROTE, None)
+
+
 @event.listens_for(ParetoSession, "before_commit")
 def _bump(session: Session) -> None:
     if session.in_nested_transaction():  # a savepoint released: the outer transaction bumps, once, last
