@@ -159,7 +159,7 @@ def test_a_worker_taken_for_dead_never_turns_failed_into_complete(store: tuple[E
         trials.finish_trial(session, row_id, "FAILED", "its worker stopped (no heartbeat for 120 s)")
     assert not _measure(engine, claimer, row_id)
     with session_scope(engine) as session:
-        assert session.get(Trial, row_id).state == "FAILED"  # type: ignore[union-attr]
+        assert session.get(Trial, row_id).state == "FAILED"
         assert trials.finish_trial(session, row_id, "PRUNED", "rejected") is None
     assert _measurements(engine) == 0
 
@@ -239,3 +239,32 @@ def test_a_claim_that_loses_leaves_the_data_version_where_it_was(store: tuple[En
     assert data_version(engine) == before
     storage.claim(engine, _row(claimer, 9, key="other"), "other", replacing=None, slo_ms=None, busy=None)
     assert data_version(engine) == before + 1  # a claim that stores a row still moves it
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used with Study.optimize")
+def test_a_claim_its_trial_left_behind_is_released(db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import optuna
+
+    from pareto.store import storage
+    from pareto.study import studies
+
+    engine = open_engine(db_url)
+    upgrade(engine)
+    with session_scope(engine) as session:
+        env, study = study_and_environment(session)
+        study_id, name = study.id, study.name
+        claimer = Claims(engine, study_id, env.id, slo_ms=None)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optuna_study = optuna.create_study(study_name=name, storage=studies.optuna_storage(db_url, engine, study_id))
+    trial = optuna_study.ask()
+    row_id, _ = storage.claim(engine, _row(claimer, trial.number), "cfg", replacing=None, slo_ms=None, busy=None)
+    assert row_id is not None
+    optuna_study.tell(trial, state=optuna.trial.TrialState.FAIL)  # the trial ended; pareto's handler never ran
+    assert studies.fail_orphaned_claims(engine, study_id, optuna_study) == []  # within the grace: left alone
+    monkeypatch.setattr(studies, "ORPHAN_GRACE_S", -1.0)
+    assert studies.fail_orphaned_claims(engine, study_id, optuna_study) == [trial.number]
+    again, twin = storage.claim(engine, _row(claimer, 1), "cfg", replacing=None, slo_ms=None, busy=None)
+    assert again is not None and twin is None  # claimed at once, not after TWIN_WAIT_S
+    with session_scope(engine) as session:
+        assert session.get(Trial, row_id).state == "FAILED"
+    engine.dispose()

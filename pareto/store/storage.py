@@ -370,6 +370,12 @@ def _duplicate(session: Session, make: Callable[..., NewTrial], row_id: int | No
     return row_id
 
 
+def running_numbers(engine: Engine, study_id: int) -> list[int]:
+    """``trials.running_numbers`` in a transaction of its own."""
+    with session_scope(engine) as session:
+        return trials.running_numbers(session, study_id)
+
+
 def fail_stale_trial(engine: Engine, study_id: int, number: int, why: str) -> None:
     """The study's trial with Optuna's ``number`` FAILED with ``why`` when it is still RUNNING (its worker
     may have stored a verdict since), in a transaction of its own."""

@@ -113,6 +113,12 @@ def complete_trial(session: Session, trial_id: int, measurement: Measurement) ->
     return True
 
 
+def running_numbers(session: Session, study_id: int) -> list[int]:
+    """Optuna's numbers of the study's trials whose rows are RUNNING (each holds a claim)."""
+    query = select(Trial.optuna_number).where(Trial.study_id == study_id, Trial.state == "RUNNING")
+    return list(session.scalars(query.order_by(Trial.optuna_number)))
+
+
 def trial_by_number(session: Session, study_id: int, number: int) -> Trial | None:
     """The study's trial with Optuna's ``number``, or None."""
     return session.scalars(select(Trial).where(Trial.study_id == study_id, Trial.optuna_number == number)).one_or_none()

@@ -140,7 +140,8 @@ def run_search(spec: SearchSpec, *, db_url: str, reporter: Reporter | None = Non
     check_path(db_url)  # before a task that may train for a while
     setup = prepare(spec, db_url, reporter)
     study = optuna_study(setup, db_url)
-    fail_stale_trials(study)  # a dead worker's trial: failed and queued again before this run starts
+    # a dead worker's trial: failed and queued again before this run starts; a claim left behind: released
+    fail_stale_trials(study, setup.bench.engine, setup.study_id)
     preflight_baseline(setup, study)
     run = start_run(setup.bench, kind="search", study_id=setup.study_id)
     _time_baselines(setup, run, study, reporter)
@@ -675,7 +676,8 @@ class _Objective:
                 lambda **fields: trial_row(self.setup, trial.number, config, **fields),
                 config.key(),
                 replacing=replacing,
-                waiting=lambda: fail_stale_trials(trial.study),  # a twin whose worker died: failed and retried
+                # a twin whose worker died, or whose trial ended without a verdict: failed, the claim released
+                waiting=lambda: fail_stale_trials(trial.study, self.bench.engine, self.setup.study_id),
             )
         except MachineBusy as exc:
             self.last = TrialOutcome(trial.number, TrialState.BUSY, config.describe(), error=str(exc))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
+from datetime import datetime
 from typing import Any
 
 import optuna
@@ -78,10 +79,40 @@ class _StaleTrial:
             optuna.storages.RetryFailedTrialCallback(max_retry=1)(study, trial)
 
 
-def fail_stale_trials(study: optuna.Study) -> None:
+def fail_stale_trials(study: optuna.Study, engine: Engine | None = None, study_id: int | None = None) -> None:
+    """Optuna's trials whose workers stopped beating, failed (and retried); with ``engine`` and
+    ``study_id``, also pareto's claims that their trials left behind (``fail_orphaned_claims``)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)
+    if engine is not None and study_id is not None:
+        fail_orphaned_claims(engine, study_id, study)
+
+
+#: How long after its Optuna trial ended a RUNNING row counts as left behind: its worker stores the
+#: verdict within moments of the trial's end, so this is only ever reached by a worker that failed.
+ORPHAN_GRACE_S = 120.0
+
+
+def fail_orphaned_claims(engine: Engine, study_id: int, study: optuna.Study) -> list[int]:
+    """pareto's RUNNING rows whose Optuna trial ended over ``ORPHAN_GRACE_S`` ago, FAILED: a handler that
+    raised while the trial ended (a locked database, Ctrl-C, SIGTERM) or a process killed between
+    Optuna's stale-trial failure and pareto's would otherwise hold the configuration's claim until
+    ``TWIN_WAIT_S`` ran out for every later proposal of it. Returns the numbers failed."""
+    failed = []
+    now = datetime.now()  # Optuna stamps its trials in local time, without a zone
+    for number in storage.running_numbers(engine, study_id):
+        try:
+            trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
+            trial = study._storage.get_trial(trial_id)
+        except KeyError:  # no such trial in Optuna's tables: not ours to judge
+            continue
+        ended = trial.datetime_complete
+        if trial.state.is_finished() and ended is not None and (now - ended).total_seconds() > ORPHAN_GRACE_S:
+            why = f"its trial ended ({trial.state.name}) without storing a verdict here; the claim was released"
+            storage.fail_stale_trial(engine, study_id, number, why)
+            failed.append(number)
+    return failed
 
 
 def create_study(spec: SearchSpec, *, db_url: str) -> str:
