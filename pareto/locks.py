@@ -88,9 +88,28 @@ def study_lock(engine: Engine, study: str, *, holder: str = "") -> Iterator[None
     """
     held_by = f" ({holder})" if holder else ""
     message = f"Another nightly of study {study!r} is running{held_by}; this one exits without doing anything."
+    with _named_lock(engine, "nightly", study, message):
+        yield
+
+
+@contextmanager
+def confirm_lock(engine: Engine, study: str) -> Iterator[None]:
+    """Hold the confirmation lock of ``study`` for the ``with`` block; never waits. Workers of one study
+    reach the end of their searches together: one confirms the top configurations, not each.
+
+    Raises:
+        LockHeld: another process is confirming the study.
+    """
+    with _named_lock(engine, "confirm", study, f"Another worker is confirming study {study!r} now."):
+        yield
+
+
+@contextmanager
+def _named_lock(engine: Engine, what: str, study: str, message: str) -> Iterator[None]:
+    """A lock named ``what`` of ``study``: a PostgreSQL advisory lock, or a file beside the SQLite file."""
     if engine.dialect.name == "postgresql":
         with engine.connect() as connection:
-            key = advisory_key(f"pareto-nightly:{study}")
+            key = advisory_key(f"pareto-{what}:{study}")
             got = connection.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": key}).scalar()
             connection.commit()
             if not got:
@@ -101,7 +120,7 @@ def study_lock(engine: Engine, study: str, *, holder: str = "") -> Iterator[None
                 connection.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
                 connection.commit()
         return
-    lock = FileLock(_sqlite_lock_path(engine, study), timeout=0)
+    lock = FileLock(_sqlite_lock_path(engine, study, what), timeout=0)
     try:
         lock.acquire()
     except Timeout:
@@ -112,12 +131,12 @@ def study_lock(engine: Engine, study: str, *, holder: str = "") -> Iterator[None
         lock.release()
 
 
-def _sqlite_lock_path(engine: Engine, study: str) -> Path:
+def _sqlite_lock_path(engine: Engine, study: str, what: str = "nightly") -> Path:
     database = engine.url.database
     slug = re.sub(r"[^A-Za-z0-9_.-]", "_", study)[:64] + "-" + hashlib.sha256(study.encode()).hexdigest()[:8]
     if database and database != ":memory:":
-        return Path(f"{database}.nightly-{slug}.lock")
-    return lock_dir() / f"pareto-memory-nightly-{slug}.lock"
+        return Path(f"{database}.{what}-{slug}.lock")
+    return lock_dir() / f"pareto-memory-{what}-{slug}.lock"
 
 
 def lock_dir() -> Path:

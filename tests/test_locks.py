@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from pareto.errors import LockHeld, MachineBusy, UsageError
-from pareto.locks import device_lock, lock_dir, study_lock
+from pareto.locks import confirm_lock, device_lock, lock_dir, study_lock
 from pareto.store.engine import open_engine, upgrade
 
 
@@ -31,6 +31,18 @@ def test_second_lock_of_a_study_is_refused_at_once(db_url: str) -> None:
         with study_lock(engine, "other"):  # per study
             pass
     with study_lock(engine, "s"):  # released
+        pass
+
+
+def test_one_worker_confirms_a_study_at_a_time(db_url: str) -> None:
+    engine = open_engine(db_url)
+    upgrade(engine)
+    with confirm_lock(engine, "s"):
+        with pytest.raises(LockHeld, match="Another worker is confirming study 's' now"), confirm_lock(engine, "s"):
+            pass
+        with study_lock(engine, "s"), confirm_lock(engine, "other"):  # the nightly's lock and other studies' apart
+            pass
+    with confirm_lock(engine, "s"):  # released
         pass
 
 
@@ -152,3 +164,29 @@ def test_a_search_stops_at_a_timing_lock_that_is_never_let_go(
     with session_scope(open_engine(db)) as session:
         states = set(session.scalars(select(Trial.state)))
     assert "FAILED" not in states and "COMPLETE" not in states, states
+
+
+def test_a_worker_leaves_the_confirmation_to_the_one_that_holds_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from pareto.study import search
+
+    @contextlib.contextmanager
+    def held(_engine: object, study: str) -> Iterator[None]:
+        raise LockHeld(f"Another worker is confirming study {study!r} now.")
+        yield  # pragma: no cover
+
+    def confirm_pick(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("a second worker confirmed too")
+
+    monkeypatch.setattr(search, "confirm_lock", held)
+    monkeypatch.setattr(search, "confirm_pick", confirm_pick)
+    notices: list[str] = []
+    reporter = SimpleNamespace(notice=notices.append, confirmed=lambda _result: None)
+    setup = SimpleNamespace(
+        spec=SimpleNamespace(search=SimpleNamespace(confirm_top=3), study_name="s"),
+        constraints=SimpleNamespace(p99_ms=7.0),
+        bench=SimpleNamespace(engine=None),
+    )
+    assert search.confirm_search(setup, SimpleNamespace(probe=None), reporter) is None  # type: ignore[arg-type]
+    assert notices == ["Another worker is confirming study 's' now. This worker leaves the confirmation to it."]

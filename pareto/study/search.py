@@ -21,6 +21,7 @@ from pareto.compress import BACKENDS, Backend, Config, backend_reason
 from pareto.compress.base import Pairs, install_conflicts
 from pareto.errors import (
     BaselineFailed,
+    LockHeld,
     MachineBusy,
     NoEffect,
     NoFeasibleConfiguration,
@@ -39,7 +40,7 @@ from pareto.front import (
     select_best,
 )
 from pareto.limits import Constraints, constraint_gaps
-from pareto.locks import gpu_work
+from pareto.locks import confirm_lock, gpu_work
 from pareto.signals import StopOnInterrupt
 from pareto.spec import SearchSpec
 from pareto.store import storage
@@ -509,16 +510,21 @@ def confirm_search(setup: SearchSetup, run: RunHandle, reporter: Reporter) -> Co
     if run.probe is not None and run.probe.read_after_work().ratio > run.probe.limit:
         reporter.notice("The machine is busy: no confirmation now; run 'pareto confirm' when it is quiet.")
         return None
-    result = confirm_pick(
-        setup.bench,
-        setup.study_id,
-        lambda: load_candidates(setup.bench, setup.study_id, setup.bench.env_id),
-        setup.constraints,
-        list(setup.spec.objectives),
-        top=search.confirm_top,
-        margin=search.confirm_margin,
-        seed=search.seed,
-    )
+    try:
+        with confirm_lock(setup.bench.engine, setup.spec.study_name):  # workers end together: one confirms
+            result = confirm_pick(
+                setup.bench,
+                setup.study_id,
+                lambda: load_candidates(setup.bench, setup.study_id, setup.bench.env_id),
+                setup.constraints,
+                list(setup.spec.objectives),
+                top=search.confirm_top,
+                margin=search.confirm_margin,
+                seed=search.seed,
+            )
+    except LockHeld as exc:
+        reporter.notice(f"{exc} This worker leaves the confirmation to it.")
+        return None
     reporter.confirmed(result)
     return result
 
