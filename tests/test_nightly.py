@@ -297,6 +297,35 @@ def test_a_regression_the_second_pass_does_not_find_makes_a_noisy_night(
     assert pick["p99_after_ms"] != night.summary["first_pass"]["p99_after_ms"] and not pick["regression"]
 
 
+def test_the_nights_search_confirms_held(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the search a night runs confirms its top configurations held: a noisy or interrupted night changes
+    # no answer through them either, and a night with a verdict promotes them with its own
+    from pareto.study import search as _search
+
+    monkeypatch.delenv("PARETO_TEST_SLOWDOWN_MS", raising=False)
+    # an SLO and enough samples to meet it: the search's confirmation has configurations to confirm
+    spec = SearchSpec.model_validate({**_spec(samples=700, rounds=20).model_dump(mode="json"), "slo": {"p99": "1s"}})
+    run_search(spec.model_copy(update={"search": spec.search.model_copy(update={"confirm_top": 0})}), db_url=db_url)
+    before = _preferred(db_url)
+    more = spec
+    result = run_search(more, db_url=db_url, held=True)
+    assert result.confirmation is not None and result.confirmation.items and result.confirmation.runs
+    assert _preferred(db_url) == before  # stored, not answered from
+    seen: dict[str, Any] = {}
+    real = _search.run_search
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        seen.update(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_search, "run_search", spy)
+    settings = NightlySettings(time_budget="60s", remeasure_top=0, summary_dir=str(tmp_path))
+    night = run_nightly(more, settings, db_url=db_url, notice=lambda _: None)
+    assert seen.get("held") is True
+    if night.status == "noisy":
+        assert _preferred(db_url) == before
+
+
 def _preferred(db_url: str) -> dict[int, int]:
     """Each trial's preferred measurement (the one best and frontier answer from)."""
     with session_scope(open_engine(db_url)) as session:

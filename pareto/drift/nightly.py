@@ -477,7 +477,11 @@ class _Job:
             return 0, False
         self.notice(f"Searching for {left_s:.0f} s (at most {self.spec.search.n_trials} new trials).")
         search = self.spec.search.model_copy(update={"timeout": left_s * 1000})
-        result = run_search(self.spec.model_copy(update={"search": search}), db_url=self.db_url, reporter=self.reporter)
+        # its confirmations held as tonight's re-measurements are: promoted only with the night's verdict
+        spec = self.spec.model_copy(update={"search": search})
+        result = run_search(spec, db_url=self.db_url, reporter=self.reporter, held=True)
+        if result.confirmation is not None:
+            self.runs += result.confirmation.runs
         if result.interrupted:
             raise KeyboardInterrupt
         return result.trials_run - result.repeats - result.busy, result.stopped_busy  # new configurations

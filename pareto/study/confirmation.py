@@ -294,16 +294,17 @@ def confirm_pick(
     top: int,
     margin: float,
     seed: int | None = None,
+    held: bool = False,
 ) -> ConfirmResult:
     """Confirm the ``top`` configurations worth it; then, while the pick is one that was not
     confirmed (the first pass can change it), confirm the pick too, ``EXTRA_PASSES`` times at most.
 
     Args:
         load: Returns the study's candidates in the environment compared in, freshly from the store.
+        held: Store every pass held (``confirm``); the passes' runs are in the result's ``runs``.
     """
-    result = confirm(
-        bench, study_id, choose(load(), constraints, objectives, top=top, margin=margin), constraints, seed=seed
-    )
+    chosen = choose(load(), constraints, objectives, top=top, margin=margin)
+    result = confirm(bench, study_id, chosen, constraints, seed=seed, held=held)
     tried = {item.trial for item in result.items}
     for _ in range(EXTRA_PASSES):
         try:
@@ -312,7 +313,7 @@ def confirm_pick(
             break
         if pick.confirmation is not None or pick.trial in tried:
             break
-        more = confirm(bench, study_id, [pick], constraints, seed=seed)
+        more = confirm(bench, study_id, [pick], constraints, seed=seed, held=held)
         result.items += more.items
         result.runs += more.runs
         result.guard = f"{result.guard}; then {more.guard}" if result.guard else more.guard

@@ -7,6 +7,7 @@ configurations re-measured in interleaved rounds with the baseline) → ``_resul
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import warnings
@@ -129,17 +130,20 @@ class SearchSetup:
     backends: tuple[Backend, ...] = ("eager",)
     #: pairs of techniques this install cannot run together (never drawn together, skipped by the grid)
     conflicts: Pairs = frozenset()
+    #: the confirmations are stored held: answered from only once promoted (the nightly's, at its verdict)
+    held: bool = False
 
 
-def run_search(spec: SearchSpec, *, db_url: str, reporter: Reporter | None = None) -> SearchResult:
-    """Run (or continue) the study ``spec.study_name`` and return its frontier and pick.
+def run_search(spec: SearchSpec, *, db_url: str, reporter: Reporter | None = None, held: bool = False) -> SearchResult:
+    """Run (or continue) the study ``spec.study_name`` and return its frontier and pick. ``held``: the
+    confirmation at the end is stored held (``SearchSetup.held``); its runs are in the result's.
 
     Raises:
         UsageError: bad task, device or spec; StoreError: the database cannot be used.
     """
     reporter = reporter or Quiet()
     check_path(db_url)  # before a task that may train for a while
-    setup = prepare(spec, db_url, reporter)
+    setup = dataclasses.replace(prepare(spec, db_url, reporter), held=held)
     study = optuna_study(setup, db_url)
     # a dead worker's trial: failed and queued again before this run starts; a claim left behind: released
     fail_stale_trials(study, setup.bench.engine, setup.study_id)
@@ -521,6 +525,7 @@ def confirm_search(setup: SearchSetup, run: RunHandle, reporter: Reporter) -> Co
                 top=search.confirm_top,
                 margin=search.confirm_margin,
                 seed=search.seed,
+                held=setup.held,
             )
     except LockHeld as exc:
         reporter.notice(f"{exc} This worker leaves the confirmation to it.")
