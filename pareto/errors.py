@@ -55,6 +55,11 @@ class StoreError(ParetoError):
     """The database cannot be opened, written or migrated."""
 
 
+class TrialTakenOver(StoreError):
+    """A trial's result came after another worker took it for dead (no heartbeat) and failed it: nothing of
+    it is stored, and the search goes on with its next trial."""
+
+
 class DatabasePathError(StoreError, UsageError):
     """A --db that points nowhere usable: a missing file for a query, a folder that does not exist."""
 

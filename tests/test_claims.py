@@ -268,3 +268,38 @@ def test_a_claim_its_trial_left_behind_is_released(db_url: str, monkeypatch: pyt
     with session_scope(engine) as session:
         assert session.get(Trial, row_id).state == "FAILED"
     engine.dispose()
+
+
+def test_a_worker_whose_trial_was_taken_over_goes_on_with_its_search(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a worker stopped (SIGSTOP) past its heartbeat's grace: another failed its trial; when it resumes, its
+    # result is refused (nothing stored) and its search goes on with the next trial instead of ending
+    from pareto.store import storage
+    from pareto.study.search import run_search
+    from tests.test_search import spec
+
+    db = f"sqlite:///{tmp_path}/p.db"
+    real = storage.complete_trial
+    taken: list[int] = []
+
+    def taken_over_once(engine: Engine, trial_id: int, **kwargs: Any) -> None:
+        number, baseline = _number(engine, trial_id)
+        if not taken and not baseline:  # a failed baseline stops a search by design: take over a compressed one
+            taken.append(trial_id)
+            storage.fail_stale_trial(engine, kwargs["study_id"], number, "taken for dead")
+        real(engine, trial_id, **kwargs)
+
+    monkeypatch.setattr(storage, "complete_trial", taken_over_once)
+    result = run_search(spec(search={"n_trials": 3, "seed": 1, "confirm_top": 0}), db_url=db)
+    assert taken and result.trials_run >= 3  # the search went on past the trial taken over
+    with session_scope(open_engine(db)) as session:
+        assert session.get(Trial, taken[0]).state == "FAILED"
+        assert session.scalar(select(func.count(Trial.id)).where(Trial.state == "COMPLETE")) >= 2
+
+
+def _number(engine: Engine, trial_id: int) -> tuple[int, bool]:
+    with session_scope(engine) as session:
+        row = session.get(Trial, trial_id)
+        assert row is not None
+        return row.optuna_number, row.is_baseline

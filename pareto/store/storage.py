@@ -17,7 +17,7 @@ from sqlalchemy import select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
-from pareto.errors import StoreError, message_line
+from pareto.errors import StoreError, TrialTakenOver, message_line
 from pareto.front import Candidate
 from pareto.machine import environment_key
 from pareto.metrics import Metrics
@@ -279,7 +279,7 @@ def complete_trial(
     the measurement beat marked suspect, in one transaction (a twin never sees the one without the other).
 
     Raises:
-        StoreError: the trial is no longer RUNNING (failed by another worker that took this one for dead);
+        TrialTakenOver: the trial is no longer RUNNING (failed by another worker that took this one for dead);
             nothing is stored.
     """
     env_id, run_id, metrics = measurement
@@ -291,7 +291,7 @@ def complete_trial(
         stored = _measurement(trial_id, env_id, run_id, metrics, kind="search")
         if not trials.complete_trial(session, trial_id, stored):
             session.rollback()
-            raise StoreError(
+            raise TrialTakenOver(
                 f"Trial {row.optuna_number} was failed by another worker that took this one for dead (no "
                 "heartbeat) and retried; this measurement is not stored."
             )

@@ -29,6 +29,7 @@ from pareto.errors import (
     TechniqueError,
     TimingLockStuck,
     Transient,
+    TrialTakenOver,
     UsageError,
 )
 from pareto.front import (
@@ -417,7 +418,8 @@ def _optimize(setup: SearchSetup, run: RunHandle, study: optuna.Study, reporter:
                 objective,
                 n_trials=None,  # the callback stops the study: repeats do not count
                 timeout=timeout,
-                catch=(TechniqueError, MachineBusy),
+                # a worker resumed after SIGSTOP finds its trial taken over: that trial fails, the search goes on
+                catch=(TechniqueError, MachineBusy, TrialTakenOver),
                 callbacks=[after, stop.after_trial],
             )
         after.loop.interrupted = stop.requested
