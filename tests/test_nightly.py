@@ -16,7 +16,7 @@ from sqlalchemy import func, select
 
 import pareto
 from pareto.drift.nightly import run_nightly
-from pareto.errors import UsageError
+from pareto.errors import ParetoError, UsageError
 from pareto.spec import NightlySettings, SearchSpec, load_nightly
 from pareto.store.engine import open_engine, session_scope, upgrade
 from pareto.store.models import Measurement, NightlyRun, Trial
@@ -281,10 +281,12 @@ def test_a_regression_the_second_pass_does_not_find_makes_a_noisy_night(
     monkeypatch.setattr(_nightly, "compare", spell)
     settings = NightlySettings(time_budget="1s", remeasure_top=0, summary_dir=str(tmp_path))
     preferred_before = _preferred(db_url)
+    reads_before = _reads(db_url)
     with session_scope(open_engine(db_url)) as session:
         before_night = session.scalars(select(Measurement.id).where(Measurement.kind == "confirm")).all()
     night = run_nightly(_spec(), settings, db_url=db_url, notice=lambda _: None)
     assert night.status == "noisy" and night.exit_code == 75
+    assert _reads(db_url) == reads_before  # best, frontier and explain, byte for byte
     # a noisy night concludes nothing: its measurements are stored, best answers from those before it
     assert night.summary["withdrawn"] >= 1 and _preferred(db_url) == preferred_before
     with session_scope(open_engine(db_url)) as session:
@@ -326,6 +328,19 @@ def test_the_nights_search_confirms_held(db_url: str, tmp_path: Path, monkeypatc
         assert _preferred(db_url) == before
 
 
+def _reads(db_url: str) -> list[str]:
+    """What the read commands answer for the study, as JSON text (``best`` may answer "nothing meets")."""
+    import json
+
+    answers = []
+    for read in (pareto.best, pareto.frontier, pareto.explain):
+        try:
+            answers.append(json.dumps(read(study="night", db=db_url), sort_keys=True, default=str))
+        except ParetoError as exc:
+            answers.append(f"{type(exc).__name__}: {exc}")
+    return answers
+
+
 def _preferred(db_url: str) -> dict[int, int]:
     """Each trial's preferred measurement (the one best and frontier answer from)."""
     with session_scope(open_engine(db_url)) as session:
@@ -345,6 +360,7 @@ def test_an_interrupted_night_changes_no_answer(db_url: str, tmp_path: Path, mon
     settings = NightlySettings(time_budget="1s", remeasure_top=1, summary_dir=str(tmp_path))
     before = _preferred(db_url)
     best_before = pareto.best(study="night", db=db_url)
+    reads_before = _reads(db_url)
 
     def deadline(*_args: Any, **_kwargs: Any) -> Any:
         raise KeyboardInterrupt  # what the SIGTERM handler raises
@@ -359,6 +375,7 @@ def test_an_interrupted_night_changes_no_answer(db_url: str, tmp_path: Path, mon
     assert held, "the night stored its re-measurements"
     assert _preferred(db_url) == before
     assert pareto.best(study="night", db=db_url) == best_before
+    assert _reads(db_url) == reads_before  # best, frontier and explain, byte for byte
     assert [r["status"] for r in pareto.history(study="night", db=db_url)] == ["interrupted"]
 
     monkeypatch.undo()
