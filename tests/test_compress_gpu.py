@@ -189,3 +189,34 @@ def test_cuda_graphs_replay_count_their_pool_and_capture_time() -> None:
     pool = served.graph_pool_bytes
     model(torch.randn(3, 256, device="cuda:0"))  # a new batch shape records a second graph, into the same pool
     assert len(model._graphs) == 2 and served.graph_pool_bytes >= pool  # the record reads the pool as it grows
+
+
+def test_structured_pruning_keeps_the_widths_the_configurations_quantizer_takes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # on CUDA "prune_structured + int4(gs64)" pruned to multiples of 8 and int4 then quantized only the
+    # layers whose widths stayed multiples of 64, the rest ran in bf16 under an int4 label
+    from pareto.compress import base
+    from tests.tiny_task import _task
+
+    techniques = {name: get_technique(name, {}) for name in ("fp8", "prune_2_4")}
+    techniques["prune_structured"] = get_technique("prune_structured", {"ratio": 0.3})
+    int4 = get_technique("int4_weight_only", {"group_size": 64})
+    with base.needed_multiple([techniques["prune_structured"]]):
+        assert base.width_multiple("cuda") == 8 and base.width_multiple("cpu") == 1
+    with base.needed_multiple([techniques["prune_structured"], techniques["fp8"]]):
+        assert base.width_multiple("cuda") == 16
+    with base.needed_multiple([techniques["prune_structured"], int4]) as multiple:
+        assert multiple == 64 and base.width_multiple("cuda") == 64
+    with base.needed_multiple([techniques["prune_2_4"]]):
+        assert base.width_multiple("cuda") == 64
+    assert base.width_multiple("cuda") == 8  # outside a configuration: the tensor cores' tile
+    # the CPU builds what a CUDA device would: widths rounded as on CUDA
+    monkeypatch.setattr(prune_module, "width_multiple", lambda _device: base.width_multiple("cuda"))
+    torch.manual_seed(0)
+    wide = nn.Sequential(nn.Linear(16, 256), nn.ReLU(), nn.Linear(256, 192), nn.ReLU(), nn.Linear(192, 4))
+    task = _task("wide", wide)
+    with base.needed_multiple([techniques["prune_structured"], int4]):
+        pruned = techniques["prune_structured"].apply(task.model, task)
+    widths = [m.out_features for m in pruned.modules() if isinstance(m, nn.Linear)][:-1]
+    assert widths != [256, 192] and all(w % 64 == 0 for w in widths), widths

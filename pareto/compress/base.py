@@ -6,7 +6,10 @@ in the spirit of ``quantize_(model, Config())``: easy to store, hash, compare an
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import contextvars
+import math
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -89,6 +92,12 @@ class Technique(BaseModel):
         if cls.cpu_native is None:
             return None
         return cls.on_this_cpu(*environment.host_cpu(cls.cpu_kernels))
+
+    def cuda_width_multiple(self) -> int:
+        """The multiple of a Linear's widths this technique's CUDA kernels take (fp8: 16, int4: its group
+        size, 2:4: 64); structured pruning and low-rank in the same configuration round to it
+        (``needed_multiple``), so that no layer they shrink falls out of the kernels. 1: any width."""
+        return 1
 
     def available(self, device: str, task: Task | None = None) -> str | None:
         """Return why this technique cannot run on ``device`` ("cpu", "cuda:0") for ``task``, or None if it can.
@@ -244,11 +253,29 @@ def cuda_capability(device: str) -> tuple[int, int] | None:
 CUDA_WIDTH_MULTIPLE = 8
 
 
+#: The multiple the techniques of the configuration being built need (``needed_multiple``).
+_NEEDED = contextvars.ContextVar("pareto_needed_width_multiple", default=1)
+
+
 def width_multiple(device: torch.device | str) -> int:
-    """The multiple a pruned or factored width is rounded to on ``device``: 8 on CUDA, 1 elsewhere."""
+    """The multiple a pruned or factored width is rounded to on ``device``: on CUDA 8 and what the other
+    techniques of the configuration being built need (``needed_multiple``: fp8's 16, int4's group
+    size…), their least common multiple; 1 elsewhere."""
     import torch
 
-    return CUDA_WIDTH_MULTIPLE if torch.device(device).type == "cuda" else 1
+    return math.lcm(CUDA_WIDTH_MULTIPLE, _NEEDED.get()) if torch.device(device).type == "cuda" else 1
+
+
+@contextlib.contextmanager
+def needed_multiple(techniques: Sequence[Technique]) -> Iterator[int]:
+    """While ``techniques`` are applied as one configuration: ``width_multiple`` on CUDA includes the
+    least common multiple of their ``cuda_width_multiple``; yields that multiple."""
+    multiple = math.lcm(1, *(t.cuda_width_multiple() for t in techniques))
+    token = _NEEDED.set(multiple)
+    try:
+        yield multiple
+    finally:
+        _NEEDED.reset(token)
 
 
 def round_up(units: int, multiple: int) -> int:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from pareto.compress.base import Backend, Technique, canonical_key, conflict, get_technique
+from pareto.compress.base import Backend, Technique, canonical_key, conflict, get_technique, needed_multiple
 from pareto.compress.served import Served, Step
 from pareto.errors import TechniqueError, UsageError
 from pareto.naming import describe_config
@@ -145,10 +145,12 @@ def apply(
     view = dataclasses.replace(on_device(task, where), batch_size=config.batch_size)
     on_module = [t for t in config.techniques if not t.on_graph]
     notes: list[str] = []
-    for technique in (t for t in on_module if t.family != "compile"):
-        step = _apply_one(technique, compressed, view)
-        compressed, notes = step.module, [*notes, *step.notes]
-        _route_around_fused_encoder_kernel(compressed)  # before the next technique (compile) sees it
+    # structured pruning and low-rank leave widths the configuration's quantizers take (fp8, int4, 2:4)
+    with needed_multiple(config.techniques):
+        for technique in (t for t in on_module if t.family != "compile"):
+            step = _apply_one(technique, compressed, view)
+            compressed, notes = step.module, [*notes, *step.notes]
+            _route_around_fused_encoder_kernel(compressed)  # before the next technique (compile) sees it
     served = dataclasses.replace(_declared(compressed, config.techniques), notes=tuple(notes))
     with torch_threads(threads):
         for technique in (t for t in on_module if t.family == "compile"):  # torch.compile, CUDA graphs

@@ -355,6 +355,10 @@ class Int4WeightOnly(Technique):
 
     group_size: Literal[32, 64, 128, 256] = 128
 
+    def cuda_width_multiple(self) -> int:
+        """A Linear's input width must be a multiple of the group size."""
+        return self.group_size
+
     def backend(self, device: str) -> str | None:
         kernels = "MSLK" if int4_packing() == "plain" else "tinygemm"
         return f"torchao ({kernels})" if self.available(device) is None else None
@@ -507,6 +511,9 @@ class Fp8(Technique):
     order_in_family: ClassVar[int] = 1
     #: torchao's float8 weights report bfloat16
     compute_dtype: ClassVar[str | None] = "fp8"
+
+    def cuda_width_multiple(self) -> int:
+        return FP8_MULTIPLE
 
     def backend(self, device: str) -> str | None:
         return "torchao" if self.available(device) is None else None
