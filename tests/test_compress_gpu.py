@@ -49,6 +49,17 @@ def test_fp8_needs_ada_or_hopper_and_torchao(monkeypatch: pytest.MonkeyPatch) ->
     assert fp8.available("cuda:0") == "needs torchao"
 
 
+def test_fp8_is_unavailable_for_a_model_no_float8_matmul_takes(monkeypatch: pytest.MonkeyPatch) -> None:
+    # resnet's only Linear is its 128 -> 10 head: the levers step read FAIL where it should skip
+    from tests.tiny_task import make_conv_task, make_task
+
+    fp8 = get_technique("fp8")
+    monkeypatch.setattr(quantize_module, "_torchao_reason", lambda name: None)
+    _capability(monkeypatch, (9, 0))
+    assert "no nn.Linear whose widths are multiples of 16" in (fp8.available("cuda:0", make_conv_task()) or "")
+    assert fp8.available("cuda:0", make_task()) is None  # the tiny MLP's 16 -> 64 -> 64 layers take it
+
+
 def test_int4_packs_for_tinygemm_without_mslk(monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib.util
 

@@ -520,7 +520,11 @@ class Fp8(Technique):
 
     def available(self, device: str, task: Task | None = None) -> str | None:
         configs = ("Float8DynamicActivationFloat8WeightConfig", "PerRow")
-        return _gpu_kernels_reason("float8 matmuls", (8, 9), configs, device, task)
+        reason = _gpu_kernels_reason("float8 matmuls", (8, 9), configs, device, task)
+        if reason is None and task is not None and not _fp8_linears(task.model):
+            # resnet's 128 -> 10 head: skipped as unavailable, not a trial that fails
+            return f"the model has no nn.Linear whose widths are multiples of {FP8_MULTIPLE} (float8 matmuls need it)."
+        return reason
 
     @classmethod
     def pair_reason(cls, other: str, device: str, space: dict[str, Any]) -> str | None:
@@ -539,14 +543,19 @@ class Fp8(Technique):
         if reason is not None:
             raise TechniqueError(f"{self.describe()}: {reason}")
         model = _in_bfloat16(model, self)
-        m = FP8_MULTIPLE
-        eligible = [lin for lin in _float_linears(model) if lin.in_features % m == 0 and lin.out_features % m == 0]
+        eligible = _fp8_linears(model)
         if not eligible:
-            raise TechniqueError(f"{self.describe()}: no nn.Linear has widths that are multiples of {m}.")
+            raise TechniqueError(f"{self.describe()}: no nn.Linear has widths that are multiples of {FP8_MULTIPLE}.")
         ao, _ = _torchao()
         assert ao is not None
         config = _torchao_config("Float8DynamicActivationFloat8WeightConfig", granularity=ao.PerRow())
         return _torchao_quantize(self, model, config, eligible)
+
+
+def _fp8_linears(model: nn.Module) -> list[nn.Linear]:
+    """The float Linear layers whose input and output widths float8 matmuls take."""
+    m = FP8_MULTIPLE
+    return [lin for lin in _float_linears(model) if lin.in_features % m == 0 and lin.out_features % m == 0]
 
 
 def _in_bfloat16(model: nn.Module, technique: Technique) -> nn.Module:
