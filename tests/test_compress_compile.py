@@ -64,3 +64,17 @@ def test_the_serving_form_is_built_at_the_thread_count_it_is_timed_at(monkeypatc
         assert built_at == [1, 2] and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(previous)
+
+
+def test_compile_on_cuda_says_when_triton_cannot_build_its_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a bare image has triton but no C compiler or no Python.h: every compile probe would fail, and be cached
+    import sysconfig
+
+    from pareto.compress import compile as compile_module
+
+    monkeypatch.setenv("PATH", "")
+    monkeypatch.delenv("CC", raising=False)
+    assert "C compiler" in (compile_module._triton_build_reason() or "")
+    monkeypatch.setattr(compile_module.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(sysconfig, "get_paths", lambda: {"include": "/nowhere/include"})
+    assert "/nowhere/include/Python.h is missing" in (compile_module._triton_build_reason() or "")

@@ -6,6 +6,7 @@ import functools
 import importlib.util
 import os
 import shutil
+import sysconfig
 import time
 import warnings
 from collections.abc import Callable
@@ -39,11 +40,29 @@ def _compile_reason(device_type: str) -> str | None:
     if device_type == "cuda":
         if importlib.util.find_spec("triton") is None:
             return "torch.compile on CUDA needs triton (pip install triton); it is not installed."
-        return None
+        return _triton_build_reason()
     # Inductor writes C++ for the CPU and builds it with the system compiler
     candidates = [os.environ.get("CXX"), "g++", "c++", "clang++"]
     if not any(c and shutil.which(c) for c in candidates):
         return "torch.compile on the CPU needs a C++ compiler (g++ or clang++ on PATH, or $CXX); none was found."
+    return None
+
+
+def _triton_build_reason() -> str | None:
+    """Why Triton cannot build its launcher here: it compiles a small C module against Python's headers
+    with the system's C compiler (``$CC``, else cc, gcc or clang) the first time a kernel runs. A bare
+    image without them fails every compile, so it is said before any trial pays for one."""
+    if not any(c and shutil.which(c) for c in (os.environ.get("CC"), "cc", "gcc", "clang")):
+        return (
+            "torch.compile on CUDA builds Triton's launcher with a C compiler (cc, gcc or clang on PATH, or $CC); "
+            "none was found."
+        )
+    headers = sysconfig.get_paths().get("include")
+    if not headers or not os.path.exists(os.path.join(headers, "Python.h")):
+        return (
+            f"torch.compile on CUDA builds Triton's launcher against Python's headers, and {headers}/Python.h "
+            "is missing (install python3-dev, or the python3.x-dev of this Python)."
+        )
     return None
 
 
