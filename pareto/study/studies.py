@@ -105,7 +105,7 @@ def fail_orphaned_claims(engine: Engine, study_id: int, study: optuna.Study) -> 
         try:
             trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
             trial = study._storage.get_trial(trial_id)
-        except KeyError:  # no such trial in Optuna's tables: not ours to judge
+        except (KeyError, AttributeError):  # no such trial in Optuna's tables (or an Optuna without the lookup)
             continue
         ended = trial.datetime_complete
         if trial.state.is_finished() and ended is not None and (now - ended).total_seconds() > ORPHAN_GRACE_S:
