@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pareto.errors import TaskError, exception_line
+from pareto.tasks.rows import FLOOR_ROOM, MIN_EVALUATION, rows_needed
 from pareto.tasks.source import ModelSource, is_source_ref
 
 if TYPE_CHECKING:
@@ -140,3 +141,15 @@ def load_task(ref: str) -> Task:
     if task.batch_size < 1:
         raise TaskError(f"Task {task.name!r} has batch_size {task.batch_size}; it must be at least 1.")
     return task
+
+
+def check_evaluation_rows(task: Task, min_accuracy: float | None) -> None:
+    """Raises TaskError when the task scores too few examples for its accuracy floor (``rows_needed``)."""
+    needed = rows_needed(min_accuracy)
+    if task.evaluation_rows is not None and task.evaluation_rows < needed:
+        floor = f"an accuracy floor of {min_accuracy:g} needs" if min_accuracy is not None else "a study needs"
+        raise TaskError(
+            f"The data gives {task.evaluation_rows} evaluation rows and {floor} {needed:,} (one wrong row must not "
+            f"decide the floor: {FLOOR_ROOM} rows' room under a perfect score, and {MIN_EVALUATION} rows at least); "
+            "add rows to the data file or lower --min-accuracy."
+        )

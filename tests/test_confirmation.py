@@ -44,7 +44,13 @@ def test_a_pick_changed_by_confirmation_is_confirmed_in_another_pass(monkeypatch
     calls: list[list[int]] = []
 
     def fake_confirm(
-        bench: object, study_id: int, picks: list[Candidate], limits: Constraints, *, seed: int | None = None
+        bench: object,
+        study_id: int,
+        picks: list[Candidate],
+        limits: Constraints,
+        *,
+        seed: int | None = None,
+        held: bool = False,
     ) -> ConfirmResult:
         calls.append([p.trial for p in picks])
         for p in picks:

@@ -77,8 +77,7 @@ from pareto.study.studies import (
     stored_sampler,
 )
 from pareto.study.traffic import DEFAULT_MAX_BATCHES
-from pareto.task import Task, load_task
-from pareto.tasks.rows import FLOOR_ROOM, MIN_EVALUATION, rows_needed
+from pareto.task import check_evaluation_rows, load_task
 
 #: After a trial the contention guard gave up on, wait this long at most for the machine to quiet
 #: down before the next trial; still busy then, the search stops (trials stored, exit code 75).
@@ -174,21 +173,9 @@ def run_search(spec: SearchSpec, *, db_url: str, reporter: Reporter | None = Non
     return result
 
 
-def check_rows(task: Task, min_accuracy: float | None) -> None:
-    """Raises UsageError when the task scores too few examples for its accuracy floor (``rows_needed``)."""
-    needed = rows_needed(min_accuracy)
-    if task.evaluation_rows is not None and task.evaluation_rows < needed:
-        floor = f"an accuracy floor of {min_accuracy:g} needs" if min_accuracy is not None else "a study needs"
-        raise UsageError(
-            f"The data gives {task.evaluation_rows} evaluation rows and {floor} {needed:,} (one wrong row must not "
-            f"decide the floor: {FLOOR_ROOM} rows' room under a perfect score, and {MIN_EVALUATION} rows at least); "
-            "add rows to the data file or lower --min-accuracy."
-        )
-
-
 def prepare(spec: SearchSpec, db_url: str, reporter: Reporter) -> SearchSetup:
     task = load_task(spec.task)
-    check_rows(task, spec.slo.min_accuracy)
+    check_evaluation_rows(task, spec.slo.min_accuracy)
     bench = open_bench(db_url, task, spec.measure)
     spec = space_for_device(spec, bench.device, reporter.notice)
     # in one fixed order: Optuna refuses a categorical whose choices change order within a study
