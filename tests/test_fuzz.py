@@ -28,10 +28,10 @@ import click
 import pytest
 
 from pareto._cli.cli import cli, main
-from pareto.spec import SearchSpec
 from pareto.study.search import run_search
+from tests.test_serve import STUDY
+from tests.test_serve import _spec as serve_spec
 
-STUDY = "fuzzed"
 CASES = int(os.environ.get("PARETO_FUZZ_CASES", "300"))
 SEED = int(os.environ.get("PARETO_FUZZ_SEED", "0"))
 #: Commands whose work is stubbed: (module, the name the command calls to start it).
@@ -93,16 +93,7 @@ def _dump(db: Path) -> str:
 def study_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A SQLite database holding a short search of the tiny task."""
     path = tmp_path_factory.mktemp("fuzz") / "pareto.db"
-    spec = SearchSpec.model_validate(
-        {
-            "task": "tests.tiny_task:make_task",
-            "study": STUDY,
-            "slo": {"p99": "1s"},
-            "search": {"n_trials": 3, "seed": 1, "confirm_top": 1},
-            "measure": {"device": "cpu", "threads": 1, "warmup": 5, "contention_limit": 50},
-            "space": {"techniques": {"int8_dynamic": {}, "prune_structured": {"ratio": [0.25, 0.5]}}},
-        }
-    )
+    spec = serve_spec()  # the study the serve tests read: a short search of the tiny task, one confirmed
     run_search(spec, db_url=f"sqlite:///{path}")
     return path
 
