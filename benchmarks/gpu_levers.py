@@ -222,7 +222,7 @@ def build_row(bench: Bench, label: str, options: list[str], batch: int) -> tuple
 
 
 def _technique(option: str) -> Any:
-    from pareto.api import parse_technique_option
+    from pareto.study.measure_one import parse_technique_option
 
     return parse_technique_option(option)
 

@@ -24,11 +24,13 @@ It prints a Markdown report (machine, date, command, the table).
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import re
 import sys
 import tempfile
 import threading
 import time
+from array import array
 from collections import deque
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -49,15 +51,20 @@ from pareto.units import format_ms
 
 
 class BatcherSUT:
-    """A system under test for LoadGen: queries queue for one batcher thread that runs pareto's policy."""
+    """Queries queue for the served instances' batcher threads (one call at a time each), which run
+    pareto's policy; ``complete`` gets each finished batch's samples."""
 
-    def __init__(self, call: Callable[[int], object], batcher: Batcher) -> None:
-        self.call, self.batcher = call, batcher
+    def __init__(self, call: Callable[[int], object], batcher: Batcher, complete: Callable[[list[Any]], None]) -> None:
+        self.call, self.batcher, self.complete = call, batcher, complete
         self.queue: deque[tuple[float, Any]] = deque()
         self.cond = threading.Condition()
         self.stopped = False
-        self.thread = threading.Thread(target=self._serve, name="loadgen-batcher", daemon=True)
-        self.thread.start()
+        self.threads = [
+            threading.Thread(target=self._serve, name=f"loadgen-batcher-{i}", daemon=True)
+            for i in range(batcher.instances)
+        ]
+        for thread in self.threads:
+            thread.start()
 
     def issue(self, samples: list[Any]) -> None:
         now = time.perf_counter()
@@ -89,19 +96,92 @@ class BatcherSUT:
     def _serve(self) -> None:
         while (batch := self._take()) is not None:
             self.call(self.batcher.bucket(len(batch)))
-            lg.QuerySamplesComplete([lg.QuerySampleResponse(s.id, 0, 0) for s in batch])
+            self.complete(batch)
 
     def stop(self) -> None:
         with self.cond:
             self.stopped = True
-            self.cond.notify()
+            self.cond.notify_all()
+        for thread in self.threads:
+            thread.join()
+
+
+def _completed(samples: list[Any]) -> None:
+    lg.QuerySamplesComplete([lg.QuerySampleResponse(s.id, 0, 0) for s in samples])
+
+
+def _warm(call: Callable[[int], object], batcher: Batcher, calls: int = 20) -> None:
+    """Each padded bucket called a few times before LoadGen starts (pareto's load runs warm up too)."""
+    for size in sorted({batcher.bucket(n) for n in range(1, batcher.max_batch + 1)}):
+        for _ in range(calls):
+            call(size)
+
+
+def served_target(db: str, study: str, trial: int | None) -> Target:
+    """The stored configuration built and served as its load runs serve it: its batcher, its layout's
+    instances and intra-op threads, warmed up."""
+    _, _, bench, pick = open_stored(db, study, trial)
+    batcher = served_batcher(pick) or Batcher(int(pick.metrics["max_batch"]), float(pick.metrics["max_wait_ms"]))
+    target = Target(bench, pick, batcher)
+    _warm(target.call, target.batcher)
+    return target
+
+
+def _serve_remote(db: str, study: str, trial: int | None, queries: Any, completions: Any) -> None:
+    """The model's process: sample ids arrive on ``queries``, finished ones go back on ``completions``."""
+    target = served_target(db, study, trial)
+    torch.set_num_threads(target.threads)  # this process serves only
+    sending = threading.Lock()
+
+    def complete(ids: list[int]) -> None:
+        with sending:
+            completions.send_bytes(array("Q", ids).tobytes())
+
+    sut = BatcherSUT(target.call, target.batcher, complete)
+    completions.send_bytes(b"ready")
+    while data := queries.recv_bytes():
+        sut.issue(list(array("Q", data)))
+    sut.stop()
+    completions.send_bytes(b"")
+
+
+class RemoteSUT:
+    """LoadGen's SUT in this process, the served model and its batcher in a spawned one: LoadGen's issue
+    path writes sample ids to a pipe and a thread here reports what comes back, so that LoadGen's
+    threads and the model's share no interpreter lock (a server's clients are other processes too)."""
+
+    def __init__(self, db: str, study: str, trial: int | None) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self._queries_in, self._queries = ctx.Pipe(duplex=False)
+        self._completions, completions_out = ctx.Pipe(duplex=False)
+        self.process = ctx.Process(
+            target=_serve_remote, args=(db, study, trial, self._queries_in, completions_out), daemon=True
+        )
+        self.process.start()
+        if self._completions.recv_bytes() != b"ready":
+            raise RuntimeError("the model's process did not start")
+        self.thread = threading.Thread(target=self._complete, name="loadgen-completions", daemon=True)
+        self.thread.start()
+
+    def issue(self, samples: list[Any]) -> None:
+        self._queries.send_bytes(array("Q", [s.id for s in samples]).tobytes())
+
+    def flush(self) -> None:
+        pass
+
+    def _complete(self) -> None:
+        while data := self._completions.recv_bytes():
+            lg.QuerySamplesComplete([lg.QuerySampleResponse(i, 0, 0) for i in array("Q", data)])
+
+    def stop(self) -> None:
+        self._queries.send_bytes(b"")
         self.thread.join()
+        self.process.join()
 
 
-def loadgen_server(
-    call: Callable[[int], object], batcher: Batcher, rate: float, slo_ms: float, duration_s: float, seed: int
-) -> dict[str, Any]:
-    """One LoadGen Server run at ``rate``: its summary's P99, validity and achieved rate."""
+def loadgen_server(sut_impl: Any, rate: float, slo_ms: float, duration_s: float, seed: int) -> dict[str, Any]:
+    """One LoadGen Server run at ``rate`` against ``sut_impl`` (``issue``, ``flush``): its summary's P99,
+    validity and achieved rate."""
     settings = lg.TestSettings()
     settings.scenario = lg.TestScenario.Server
     settings.mode = lg.TestMode.PerformanceOnly
@@ -111,7 +191,6 @@ def loadgen_server(
     settings.min_duration_ms = int(duration_s * 1e3)
     settings.min_query_count = 1
     settings.schedule_rng_seed = seed + 1
-    sut_impl = BatcherSUT(call, batcher)
     sut = lg.ConstructSUT(sut_impl.issue, sut_impl.flush)
     qsl = lg.ConstructQSL(1024, 1024, lambda _: None, lambda _: None)
     with tempfile.TemporaryDirectory() as out:
@@ -121,7 +200,6 @@ def loadgen_server(
         try:
             lg.StartTestWithLogSettings(sut, qsl, settings, log)
         finally:
-            sut_impl.stop()
             lg.DestroyQSL(qsl)
             lg.DestroySUT(sut)
         summary = (Path(out) / "mlperf_log_summary.txt").read_text()
@@ -144,6 +222,19 @@ def _parse(summary: str) -> dict[str, Any]:
     }
 
 
+def _in_process(target: Target, rate: float, slo_ms: float, duration_s: float) -> dict[str, Any]:
+    """LoadGen in the model's process, the batcher threads at the layout's intra-op threads (set, as
+    pareto's load runs set them, before the threads start; restored after)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(target.threads)
+    sut = BatcherSUT(target.call, target.batcher, _completed)
+    try:
+        return loadgen_server(sut, rate, slo_ms, duration_s, seed=0)
+    finally:
+        sut.stop()
+        torch.set_num_threads(threads)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--db", required=True)
@@ -152,38 +243,48 @@ def main() -> int:
     parser.add_argument("--rates", help="comma-separated requests/s; default: the study's rate and the capacity")
     parser.add_argument("--duration", type=float, default=20.0, help="LoadGen's minimum duration per run (s)")
     parser.add_argument("--requests", type=int, default=3000, help="requests of pareto's own load runs")
+    parser.add_argument("--where", default="in,out", help="LoadGen in the model's process (in), outside it (out)")
     args = parser.parse_args()
     started = time.monotonic()
-    row, constraints, bench, pick = open_stored(args.db, args.study, args.trial)
+    row, constraints, _, pick = open_stored(args.db, args.study, args.trial)
     slo, rate = constraints.p99_ms or 0.0, constraints.qps or 0.0
     capacity, source = served_capacity(pick.metrics)
-    batcher = served_batcher(pick) or Batcher(int(pick.metrics["max_batch"]), float(pick.metrics["max_wait_ms"]))
-    target = Target(bench, pick, batcher)
+    target = served_target(args.db, args.study, pick.trial)
+    batcher = target.batcher
     rates = [float(x) for x in args.rates.split(",")] if args.rates else [rate, *([capacity] if capacity else [])]
-    torch.set_num_threads(bench.threads)
-    env = fingerprint("cpu", bench.threads)
+    where = args.where.split(",")
+    env = fingerprint("cpu", target.threads)
     lines = [
         f"## LoadGen's Server scenario against pareto: study {row.name!r}, trial {pick.trial} {pick.description}",
         "",
         f"`benchmarks/loadgen.py {' '.join(sys.argv[1:])}` — {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, "
         f"{env['cpu_model']}, {describe_cpu_features(env['cpu_features'])}, "
-        f"torch {torch.__version__}, {bench.threads} threads; mlcommons-loadgen {_version()}.",
+        f"torch {torch.__version__}; mlcommons-loadgen {_version()}.",
         "",
-        f"Served with max batch {batcher.max_batch}, wait {format_ms(batcher.max_wait_ms)}; SLO P99 ≤ "
-        f"{format_ms(slo)}; reported capacity {capacity:,.0f}/s ({source}).",
+        f"Served with max batch {batcher.max_batch}, wait {format_ms(batcher.max_wait_ms)}, {batcher.instances} "
+        f"instance(s) × {target.threads} intra-op thread(s); SLO P99 ≤ {format_ms(slo)}; reported capacity "
+        f"{capacity:,.0f}/s ({source}).",
         "",
-        "| rate | LoadGen P99 | LoadGen result | LoadGen completed/s | pareto load-run P99 (bound) | pareto valid |",
-        "|---|---|---|---|---|---|",
+        "| rate | LoadGen | P99 | result | completed/s | pareto load-run P99 (bound) | pareto valid |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for qps in rates:
-        gen = loadgen_server(target.call, batcher, qps, slo, args.duration, seed=0)
-        own = pareto.load_run(study=row.name, trial=pick.trial, qps=qps, requests=args.requests, db=args.db)["load_run"]
-        within = "within" if gen["p99_ms"] is not None and gen["p99_ms"] <= slo else "over"
-        lines.append(
-            f"| {qps:,.0f}/s | {format_ms(gen['p99_ms'])} ({within} the SLO) | {gen['valid']} | "
-            f"{gen['completed_qps'] or 0:,.0f} | {format_ms(own['p99_ms'])} (≤ {format_ms(own.get('p99_upper_ms'))}) | "
-            f"{own['valid']} |"
-        )
+    remote = RemoteSUT(args.db, args.study, pick.trial) if "out" in where else None
+    try:
+        for qps in rates:
+            own = pareto.load_run(study=row.name, trial=pick.trial, qps=qps, requests=args.requests, db=args.db)
+            ours = own["load_run"]
+            for side in where:
+                gen = _in_process(target, qps, slo, args.duration) if side == "in" else None
+                gen = gen or loadgen_server(remote, qps, slo, args.duration, seed=0)
+                within = "within" if gen["p99_ms"] is not None and gen["p99_ms"] <= slo else "over"
+                lines.append(
+                    f"| {qps:,.0f}/s | {'in the model' if side == 'in' else 'own'} process | "
+                    f"{format_ms(gen['p99_ms'])} ({within} the SLO) | {gen['valid']} | {gen['completed_qps'] or 0:,.0f} | "
+                    f"{format_ms(ours['p99_ms'])} (≤ {format_ms(ours.get('p99_upper_ms'))}) | {ours['valid']} |"
+                )
+    finally:
+        if remote is not None:
+            remote.stop()
     lines += ["", f"{time.monotonic() - started:.0f} s in all."]
     print("\n".join(lines))
     return 0

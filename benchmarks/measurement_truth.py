@@ -15,9 +15,9 @@ import statistics
 import torch
 import torch.utils.benchmark as tbench
 
-from pareto.api import parse_technique_option
 from pareto.compress import Config, apply
 from pareto.measure.latency import measure_latency
+from pareto.study.measure_one import parse_technique_option
 from pareto.task import load_task
 
 

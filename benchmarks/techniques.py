@@ -27,12 +27,12 @@ from typing import cast
 import torch
 
 import pareto
-from pareto.api import parse_technique_option
 from pareto.compress import Backend, Config, Served, backend_reason
 from pareto.errors import NoFeasibleConfiguration
 from pareto.measure.latency import RoundPlan, Timed, measure_interleaved
 from pareto.measure.memory import theoretical_bytes
 from pareto.study.assess import build_served
+from pareto.study.measure_one import parse_technique_option
 from pareto.task import Task, load_task
 
 CONFIGS = {

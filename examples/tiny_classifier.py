@@ -6,6 +6,9 @@ model is; the data file holds 600 labelled reviews of 3 to 60 words. Nothing is 
 
     python examples/tiny_classifier.py /tmp/reviews
     pareto search --model /tmp/reviews/classifier --data /tmp/reviews/reviews.jsonl --slo-p99 5ms --n-trials 12
+
+The folder also holds ``model.pt2``, the same model as a ``torch.export`` program (``--model
+/tmp/reviews/classifier/model.pt2`` searches the program: the techniques that run on a graph).
 """
 
 from __future__ import annotations
@@ -102,7 +105,22 @@ def main(out: Path) -> None:
     model.save_pretrained(out / "classifier")
     tokenizer.save_pretrained(out / "classifier")
     vocab.unlink()
-    print(f"wrote {out / 'classifier'} and {out / 'reviews.jsonl'} (600 rows)")
+    export_program(model, tokenizer, out / "classifier" / "model.pt2")
+    print(
+        f"wrote {out / 'classifier'} (with model.pt2, its torch.export program) and {out / 'reviews.jsonl'} (600 rows)"
+    )
+
+
+def export_program(model: torch.nn.Module, tokenizer: object, path: Path) -> None:
+    """The model as a torch.export program beside its folder's config and tokenizer, batch and length dynamic
+    (a server batches requests of every length), as ``pareto search --model FOLDER/model.pt2`` reads it."""
+    encoded = tokenizer(
+        ["a short review", "a longer review of the film and its cast"], padding=True, return_tensors="pt"
+    )
+    batch, length = torch.export.Dim("batch", max=4096), torch.export.Dim("length", max=128)
+    inputs = {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
+    program = torch.export.export(model, (), inputs, dynamic_shapes={k: {0: batch, 1: length} for k in inputs})
+    torch.export.save(program, str(path))
 
 
 if __name__ == "__main__":

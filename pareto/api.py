@@ -34,23 +34,17 @@ from pareto.slo import (
     DEFAULT_WARMUP,
     MIN_SAMPLES_P99,
 )
-from pareto.spec import NightlySettings, SearchSpec
 from pareto.store.engine import existing_engine, open_engine, read_engine, resolve_url, upgrade
 from pareto.store.reads import Reader, reading
 from pareto.store.records import EnvironmentRecord, StudyRecord
 from pareto.store.storage import save_calibration
 from pareto.study.bench import open_bench
-from pareto.study.measure_one import (
-    measure_beside_baseline,
-    measure_settings,
-    parse_technique_option,
-    remeasure_trial,
-    stored_measure,
-)
 from pareto.task import load_task
+from pareto.tasks.source import score_name
 
 if TYPE_CHECKING:
     from pareto.drift.nightly import NightlyResult
+    from pareto.spec import NightlySettings, SearchSpec
     from pareto.study.search import Reporter, SearchResult
 
 
@@ -147,7 +141,7 @@ def explain(limits: Limits | None = None, /, *, db: str | None = None, **keyword
         nearest = _nearest(r, row, env, constraints, NEAREST) if pick is None else []
     result = explain_choice(front, pick, constraints, nearest)
     env_note = {"key": env.key if env else None, **_environment_note(row.name, env.key if env else None, known)}
-    return {"study": row.name, "environment": env_note, **result}
+    return {"study": row.name, "score": score_name(row.task), "environment": env_note, **result}
 
 
 def _front(
@@ -236,6 +230,7 @@ def search(
     With ``workers`` > 1, that many local processes share ``spec.search.n_trials`` on one study
     (``pareto.study.workers``); the database must take several writers (SQLite on one host, PostgreSQL).
     """
+    from pareto.spec import SearchSpec
     from pareto.study.search import run_search
 
     if workers > 1:
@@ -260,6 +255,7 @@ def nightly(
         LockHeld: another nightly of the study is running (exit code 75).
     """
     from pareto.drift.nightly import run_nightly
+    from pareto.spec import NightlySettings
 
     return run_nightly(
         spec,
@@ -350,9 +346,9 @@ def confirm(
     engine = existing_engine(url)
     with reading(engine) as r:
         row = r.study(asked.study)
-    name, task_name, spec = row.name, row.task, row.spec
+    name, spec = row.name, row.spec
     constraints = asked.constraints(spec)
-    bench = open_bench(url, load_task(task_name), stored_measure(spec, device, threads), with_profile=False)
+    bench = _study_bench(url, row, device, threads)
     result = confirm_study(bench, name, constraints, top=top, margin=margin, environment=asked.environment)
     return result.to_dict()
 
@@ -394,8 +390,16 @@ def load_run(
     with reading(existing_engine(url)) as r:
         row = r.study(asked.study)
     constraints = asked.constraints(row.spec)
-    bench = open_bench(url, load_task(row.task), stored_measure(row.spec, device, threads), with_profile=False)
+    bench = _study_bench(url, row, device, threads)
     return load_study(bench, row, constraints, trial=trial, capacity=capacity, requests=requests)
+
+
+def _study_bench(url: str, row: StudyRecord, device: str | None, threads: int | None) -> Any:
+    """The bench a stored study measures on: its task, its stored method (``device``, ``threads`` may
+    override where it runs)."""
+    from pareto.study.measure_one import stored_measure
+
+    return open_bench(url, load_task(row.task), stored_measure(row.spec, device, threads), with_profile=False)
 
 
 def measure(
@@ -442,6 +446,7 @@ def measure(
     from pydantic import ValidationError
 
     from pareto.compress import Config
+    from pareto.study.measure_one import measure_beside_baseline, measure_settings, parse_technique_option
 
     p99_ms = slo_ms(slo_p99)
     if batch_size is not None and batch_size < 1:
@@ -493,6 +498,8 @@ def remeasure(
         UsageError: unknown study or trial, a trial that was never measured; MachineBusy: the
             machine stayed busy through the rounds.
     """
+    from pareto.study.measure_one import remeasure_trial
+
     url = resolve_url(db)
     engine = existing_engine(url)
     with reading(engine) as r:

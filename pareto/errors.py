@@ -26,7 +26,12 @@ class TaskError(UsageError):
 
 
 class TechniqueError(ParetoError):
-    """A compression technique that broke on a model; the trial fails with this reason stored."""
+    """A compression technique that broke on a model; the trial fails with this reason stored.
+
+    ``layers``: the (technique, layer) pairs the failure came from, where they could be told
+    (``pareto.study.layers.culprits``); the technique leaves those layers alone from then on."""
+
+    layers: tuple[tuple[str, str], ...] = ()
 
 
 class Transient(TechniqueError):

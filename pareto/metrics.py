@@ -98,6 +98,11 @@ class Metrics:
     load_capacity_qps: float | None = None
     load_capacity_max_batch: int | None = None  #: the batcher settings those load runs used
     load_capacity_max_wait_ms: float | None = None
+    # revision 0013
+    serve_instances: int | None = None  #: the model instances it is served with (the serving runs' choice)
+    #: the layout its load-run capacity was found in (the load runs' choice among the layouts served)
+    load_capacity_instances: int | None = None
+    load_capacity_threads: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Field name → value; infinite floats become None (JSON has no infinity). A single-stream

@@ -34,6 +34,8 @@ def describe_config(config: dict[str, Any], *, with_batch: bool = True) -> str:
 
 
 def _fmt(value: Any) -> str:
+    if isinstance(value, list | tuple):  # layers left alone: ``leave=mid+blocks.0.fc``
+        return "+".join(map(str, value))
     return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 

@@ -56,12 +56,18 @@ def slo_verdict(
         and there are at least ``min_samples`` samples; otherwise "uncertain".
     """
     low = -math.inf if lower is None else lower
-    high = math.inf if upper is None else upper
     if low > slo:
         return "missed"
-    if high <= slo and samples >= min_samples:
+    if within(upper, slo) and samples >= min_samples:
         return "met"
     return "uncertain"
+
+
+def within(upper: float | None, limit: float | None) -> bool:
+    """The rule every P99 limit is judged by: an upper confidence bound exists and is within the limit
+    (a missing bound is unbounded, a missing limit met by nothing). The SQL filter of the read side is
+    the same comparison (``pareto.store.queries``)."""
+    return upper is not None and limit is not None and upper <= limit
 
 
 def min_samples_for_upper_bound(q: float, confidence: float) -> int:

@@ -24,7 +24,7 @@ from pareto.front import DEFAULT_OBJECTIVE_NAMES, TRAFFIC_OBJECTIVE_NAMES
 from pareto.limits import Constraints
 from pareto.naming import Backend, SamplerName
 from pareto.slo import DEFAULT_CONFIDENCE, DEFAULT_CONTENTION_LIMIT, DEFAULT_ROUNDS, MIN_CONFIDENCE, MIN_SAMPLES_P99
-from pareto.tasks.source import ModelSource, is_source_ref
+from pareto.tasks.source import PROGRAM, ModelSource, is_source_ref
 from pareto.units import parse_duration_ms, parse_rate_per_s, parse_request_rate, parse_size_bytes
 
 
@@ -122,7 +122,7 @@ class Space(_Strict):
                 raise ValueError(f"unknown technique {name!r}; known: {', '.join(sorted(techniques))}")
             for pname in params:
                 if pname not in cls.model_fields:
-                    fields = ", ".join(cls.model_fields) or "none"
+                    fields = ", ".join(f for f in cls.model_fields if f != "leave" or cls.leaves_layers) or "none"
                     raise ValueError(f"technique {name!r} has no parameter {pname!r} (it has: {fields})")
             for pname, field in cls.model_fields.items():
                 if field.is_required() and pname not in params:
@@ -298,6 +298,9 @@ class Traffic(_Strict):
     requests: int = Field(default=2500, ge=MIN_SAMPLES_P99)
     #: independent replications per rate (their own arrivals and draws): the P99 bound comes from their spread
     replications: int = Field(default=6, ge=1, le=64)
+    #: each replication at load ρ holds at least settle / (1 − √ρ)² requests, so that its queue settles; a
+    #: rate that would need over 40 000 is "not settled" and counts as a miss (0: no such rule)
+    settle: float = Field(default=300.0, ge=0.0, le=10_000.0)
     #: timed calls per batch bucket below the largest (the largest is the trial's own latency measurement)
     sweep_samples: int = Field(default=200, ge=20)
     #: short load runs per trial that measure what a served batch costs (0: the calls timed alone)
@@ -305,6 +308,10 @@ class Traffic(_Strict):
     #: the intra-op thread counts a configuration is served with, the one of highest simulated capacity kept;
     #: None: 1 and the measurement's thread count
     serve_threads: list[Annotated[int, Field(ge=1, le=1024)]] | None = None
+    #: the model instances (batcher threads taking batches from one queue concurrently) a configuration is
+    #: served with, each with each thread count whose product fits the cores measured on (at least one
+    #: pair); the layout of highest simulated capacity kept; None: 1 and the measurement's thread count
+    serve_instances: list[Annotated[int, Field(ge=1, le=64)]] | None = None
     #: the most requests of each such serving run (its schedule lasts at most 4 s, 200 requests at least)
     serve_requests: int = Field(default=1000, ge=100)
     #: requests of each confirming load run (pick and baseline, after the search), per replication
@@ -312,7 +319,9 @@ class Traffic(_Strict):
     #: the shortest schedule of one load run in seconds (more requests at a high rate); LoadGen's minimum
     #: duration, scaled to a small machine
     load_min_s: float = Field(default=1.0, ge=0.0, le=600.0)
-    #: load runs per rate, each on its own seeded schedule: the P99 bound comes from their spread
+    #: load runs per rate, each on its own seeded schedule: the P99 bound comes from their spread (a
+    #: Student-t bound over R runs: with 2 its factor is 63.7, with 5 it is 4.6; fewer than 4 rarely
+    #: bound a P99 within an SLO)
     load_replications: int = Field(default=5, ge=1, le=20)
     #: after the trials, the configurations that lead on simulated capacity within the accuracy limit whose
     #: capacity load runs find (bisection); reads judge these by it
@@ -427,9 +436,14 @@ class SearchSpec(_Strict):
         if data.get("task") not in (None, "demo"):
             raise ValueError("give either task or model and data, not both")
         given = data.get("inputs") or {}
-        settings = Inputs.model_validate(given.model_dump() if isinstance(given, BaseModel) else given)
+        given = given.model_dump(exclude_unset=True) if isinstance(given, BaseModel) else dict(given)
+        program = Path(str(data["model"])).suffix == PROGRAM
+        if program:  # served where a graph is: one shape unless the user says otherwise
+            given.setdefault("padding", "max")
+        settings = Inputs.model_validate(given)
         source = ModelSource.open(data["model"], data["data"], **settings.model_dump())
-        return {**data, "model": source.model, "data": source.data, "task": source.ref()}
+        folder = {**data, "model": source.model, "data": source.data, "task": source.ref()}
+        return {**folder, "inputs": given, "space": _program_space(data.get("space"))} if program else folder
 
     @model_validator(mode="after")
     def _inputs_need_a_model(self) -> SearchSpec:
@@ -504,6 +518,27 @@ DEFAULT_SPACE: dict[str, Any] = {
         "ort_int8_dynamic": {"per_channel": [False, True]},
     },
 }
+
+
+#: The search space of a torch.export program when the spec names no techniques or backends: what runs on a
+#: graph (its layers are ATen operations, not modules to replace), on the three backends.
+PROGRAM_SPACE: dict[str, object] = {
+    "backend": ["eager", "compile", "onnxruntime"],
+    "techniques": {"bf16": {}, "int8_static": {}, "ort_int8_dynamic": {"per_channel": [False, True]}},
+}
+
+
+def _program_space(space: object) -> dict[str, object]:
+    """A program's space: what the spec says, ``PROGRAM_SPACE`` for what it leaves unsaid."""
+    said = space.model_dump(exclude_unset=True) if isinstance(space, BaseModel) else {}
+    if isinstance(space, dict):
+        said = dict(space)
+    defaults = copy.deepcopy(PROGRAM_SPACE)
+    from pareto.compress.onnxrt import onnxruntime_reason  # deferred: the techniques load torch
+
+    if onnxruntime_reason() is not None:  # not installed: searched without it, as the search's skip lines say
+        defaults["backend"] = ["eager", "compile"]
+    return {**said, **{k: v for k, v in defaults.items() if said.get(k) is None}}
 
 
 def default_cuda_space() -> dict[str, Any]:

@@ -114,8 +114,13 @@ def test_queries_do_not_import_torch(searched: Path, query: list[str], allowed: 
     code = (
         "import sys, cli\n"
         f"rc = cli.main({query!r})\n"
-        f"heavy = ({{'torch', 'optuna', 'numpy', 'scipy'}} - {allowed!r}) & set(sys.modules)\n"
+        # pydantic builds the search spec's models: a tenth of a second a read does not need
+        f"heavy = ({{'torch', 'optuna', 'numpy', 'scipy', 'pydantic'}} - {allowed!r}) & set(sys.modules)\n"
         "assert not heavy, f'a query imported {heavy}'\n"
+        # the command's own module, none of the others'
+        f"others = {{m for m in sys.modules if m.startswith('pareto._cli.')}} - {{'pareto._cli.cli', "
+        f"'pareto._cli.options', 'pareto._cli.{query[0]}'}}\n"
+        "assert not others, f'a query imported the modules of other commands: {others}'\n"
         "sys.exit(rc)\n"
     )
     proc = subprocess.run(
@@ -125,6 +130,18 @@ def test_queries_do_not_import_torch(searched: Path, query: list[str], allowed: 
         text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_import_pareto_loads_its_api_on_first_use() -> None:
+    code = (
+        "import sys, pareto\n"
+        "assert not {'pareto.api', 'sqlalchemy', 'pydantic'} & set(sys.modules), 'import pareto loaded its API'\n"
+        "assert callable(pareto.best) and 'pareto.api' in sys.modules\n"
+        "assert pareto.api.best is pareto.best and pareto.Limits.__module__ == 'pareto.limits'\n"
+        "assert not hasattr(pareto, 'no_such_name')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import click
 import yaml
 
-from pareto._cli.cli import cli
+from pareto._cli.cli import cli, subcommands
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy" / "kubernetes"
@@ -72,7 +72,7 @@ def test_every_command_option_file_and_variable_exists() -> None:
         group: click.Command = cli
         words = command[1:]
         while isinstance(group, click.Group):
-            group = group.commands[words.pop(0)]
+            group = subcommands(group)[words.pop(0)]
         options = {opt for param in group.params for opt in getattr(param, "opts", [])}
         for word in words:
             if word.startswith("--"):

@@ -133,6 +133,8 @@ def _night(
             "trial": trial,
             "corrected_p50": p50,
             "corrected_p99": p99,
+            "p50_ms": p50 * 1.0,
+            "p99_ms": p99 * 1.2,
         }
         for trial, (p50, p99) in values.items()
     ]
@@ -179,6 +181,7 @@ def _compare(drift: NightDrift, tonight: Any) -> Any:
         before,
         after,
         ratios=drift.ratios(measured[5]) or {},
+        raw_p50_ratio=drift.measured_ratio(measured[5]),
         bands=drift.bands,
         reference_ratio=drift.reference_ratio(),
         baseline_ratios=base,
@@ -204,6 +207,26 @@ def test_a_slower_machine_is_not_a_regression_a_slower_model_and_a_slower_config
     kernel = _compare(drift, _result({0: (8.0, 10.0), 5: (1.25, 1.625)}, (1.0, 1.2)))
     assert kernel.regression and kernel.kind == "configuration" and "this configuration" in kernel.reason
     assert kernel.corrected_p50_ratio == pytest.approx(1.25, rel=0.05)
+
+
+def test_a_night_faster_than_the_level_calls_slower_only_what_is_slower_as_measured_too() -> None:
+    # the level was set on loaded nights (the reference at 2 ms, the small pick at 1.3 ms: it slowed
+    # less than the reference); tonight the machine is quiet: the reference at 1 ms, the pick at 1 ms
+    loaded = [_night("ok", {0: (8.0, 10.0), 5: (0.65, 0.8)}, started=f"2026-11-0{k}") for k in range(1, 3)]
+    for night in loaded:
+        night["drift"].update(reference_p50_ms=2.0, reference_p99_ms=2.4)
+        for m in night["drift"]["measured"]:
+            m["p50_ms"], m["p99_ms"] = 2.0 * m["corrected_p50"], 2.4 * m["corrected_p99"]
+    drift = NightDrift(loaded, false_alarm=1e-6)
+    quiet = _compare(drift, _result({0: (8.0, 10.0), 5: (1.0, 1.25)}, (1.0, 1.2)))
+    # ×1.54 with the drift taken out, ×0.77 as measured: the drift's doing, no verdict
+    assert quiet.corrected_p50_ratio == pytest.approx(1.0 / 0.65, rel=0.01) and quiet.corrected_p50_ratio > 1.2
+    assert not quiet.regression and quiet.inconclusive and "as measured" in quiet.inconclusive
+    assert "the reference at ×0.50 its usual P50" in quiet.reason
+    # a pick that got 3x slower is slower both ways, a quiet night or not
+    drift = NightDrift(loaded, false_alarm=1e-6)
+    slow = _compare(drift, _result({0: (8.0, 10.0), 5: (3.9, 4.8)}, (1.0, 1.2)))
+    assert slow.regression and slow.kind == "configuration" and not slow.inconclusive
 
 
 def test_history_keeps_to_one_reference_skips_regressions_in_levels_and_reports_change_points_once() -> None:

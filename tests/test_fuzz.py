@@ -27,7 +27,7 @@ from typing import Any
 import click
 import pytest
 
-from pareto._cli.cli import cli, main
+from pareto._cli.cli import cli, main, subcommands
 from pareto.study.search import run_search
 from tests.test_serve import STUDY
 from tests.test_serve import _spec as serve_spec
@@ -72,7 +72,7 @@ def _values(folder: Path) -> list[str]:
 
 
 def _commands(group: click.Group, prefix: str = "") -> Iterator[tuple[str, click.Command]]:
-    for name, command in sorted(group.commands.items()):
+    for name, command in sorted(subcommands(group).items()):
         if isinstance(command, click.Group):
             yield from _commands(command, f"{prefix}{name} ")
         else:
@@ -153,7 +153,7 @@ def test_no_command_answers_a_value_with_a_traceback(
 def _flags(name: str) -> set[str]:
     command: Any = cli
     for part in name.split():
-        command = command.commands[part]
+        command = subcommands(command)[part]
     return {opt for p in command.params for opt in getattr(p, "opts", [])}
 
 

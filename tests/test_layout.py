@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from pareto._cli.cli import cli
+from pareto._cli.cli import cli, subcommands
 from pareto.store.records import TrialState
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,7 +65,7 @@ def test_sql_statements_only_in_the_store() -> None:
 
 def _commands(group: click.Group, prefix: str = "") -> list[tuple[str, click.Command]]:
     found = []
-    for name, command in group.commands.items():
+    for name, command in subcommands(group).items():
         found.append((prefix + name, command))
         if isinstance(command, click.Group):
             found += _commands(command, f"{prefix}{name} ")
@@ -105,9 +105,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 #: Third-party packages a module imports inside the function that needs them rather than at its top
 #: (and so do the pareto modules that import them at their top): the read commands (``best``,
 #: ``frontier``, the server) never load torch, Optuna, NumPy or SciPy, and ONNX Runtime, torchao,
-#: Transformers, FastAPI and uvicorn are optional extras.
+#: Transformers, FastAPI and uvicorn are optional extras; the spec's pydantic models take a tenth of a
+#: second to build, which a read (``pareto best``: Python's start and the database driver's) does not need.
 HEAVY = {"torch", "optuna", "numpy", "scipy", "onnxruntime", "onnx", "torchao", "transformers", "sklearn", "fastapi",
-         "uvicorn", "starlette"}  # fmt: skip
+         "uvicorn", "starlette", "pydantic"}  # fmt: skip
 
 
 def _module_name(path: Path) -> str:

@@ -284,6 +284,42 @@ def test_a_served_run_gives_costs_a_simulation_reproduces() -> None:
     assert simulated.p50_ms == pytest.approx(run.summary.p50_ms, rel=0.35)
 
 
+def test_served_costs_replay_which_instance_came_free_first() -> None:
+    from pareto.measure.load import served_costs
+    from pareto.measure.queue import Requests
+
+    # two instances, max batch 1, no wait. A arrives at 0 and runs 0-3 ms (instance 1); B at 1 ms runs 1-2
+    # ms (instance 2): both after idle. C arrives at 1.5 ms with both busy; instance 2 is free first (2 ms),
+    # C starts at 2.2 and ends at 3.5: back to back from 2 ms, a cost of 1.5 ms. One instance would have
+    # counted it from A's end, as the slowest to come free.
+    ms = 1e-3
+    requests = Requests(
+        arrival_s=np.array([0.0, 1.0, 1.5]) * ms,
+        start_s=np.array([0.0, 1.0, 2.2]) * ms,
+        done_s=np.array([3.0, 2.0, 3.5]) * ms,
+        batch=np.array([1, 1, 1]),
+        batch_id=np.array([0, 1, 2]),
+    )
+    busy, idle = served_costs(requests, Batcher(1, 0.0, instances=2))
+    assert busy[1] == pytest.approx([1.5 * ms]) and idle[1] == pytest.approx([3.0 * ms, 1.0 * ms])
+
+
+def test_two_instances_serve_a_rate_one_cannot() -> None:
+    """A stub that sleeps its 2 ms (the GIL free, as a model's kernels leave it): at 1.5× one instance's
+    saturation, one instance falls behind and two keep up, their batches overlapping."""
+    call = fixed_time_call({1: D})
+    arrivals = poisson_arrivals(1.5 / D, 1_500, 8)
+    one = load_run(call, arrivals, Batcher(1, 0.0), confidence=0.99, timeout_s=30)
+    two = load_run(call, arrivals, Batcher(1, 0.0, instances=2), confidence=0.99, timeout_s=30)
+    assert not one.kept_up and "over capacity" in str(one.reason)
+    req = two.requests
+    assert two.batches == req.arrival_s.size and req.batch_id is not None
+    assert sorted(set(req.batch_id.tolist())) == list(range(two.batches))
+    assert (req.start_s[1:] < req.done_s[:-1]).any()
+    assert two.summary.p99_ms < one.summary.p99_ms / 3
+    assert "2 batcher threads (one per instance)" in two.method
+
+
 def test_a_load_run_the_contention_guard_finds_busy_is_run_again(monkeypatch: pytest.MonkeyPatch) -> None:
     from types import SimpleNamespace
 

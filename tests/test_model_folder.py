@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from rich.console import Console
 
 from pareto._cli.cli import main
 from pareto.devices import InputCycle, timed_inputs
@@ -17,7 +18,7 @@ from pareto.errors import TaskError
 from pareto.measure.latency import RoundPlan, measure_latency
 from pareto.spec import load_spec
 from pareto.tasks.rows import MIN_EVALUATION, read_rows, rows_needed
-from pareto.tasks.source import ModelSource, folder_digest, is_source_ref
+from pareto.tasks.source import ModelSource, folder_digest, is_source_ref, score_name
 
 WORDS = [
     "the",
@@ -118,6 +119,39 @@ def test_a_bad_data_file_is_one_sentence(tmp_path: Path, content: str, expected:
         read_rows(path, "text", "label")
 
 
+def test_what_the_accuracy_column_holds_is_named_from_the_study_task(folder: Path, tmp_path: Path) -> None:
+    from pareto.report.tables import best_card, frontier_table
+
+    data = _rows(tmp_path / "d.jsonl")
+    assert score_name(ModelSource.open(folder, data).ref()) == "accuracy"
+    assert score_name(ModelSource.open(folder, data, metric="f1").ref()) == "macro-F1"
+    assert score_name("minilm") == "fidelity" and score_name("demo") == "accuracy"
+    row = {
+        "study": "s",
+        "trial": 0,
+        "config": {"techniques": [], "batch_size": 1},
+        "metrics": {
+            "accuracy": 0.9,
+            "accuracy_metric": "fidelity",
+            **{k: 1.0 for k in ("latency_p50_ms", "latency_p90_ms", "latency_p99_ms", "latency_p99_upper_ms")},
+            **{k: 1.0 for k in ("throughput_per_s", "p99_p50_ratio", "confidence")},
+            **{k: 1 for k in ("batch_size", "params_bytes", "theoretical_bytes", "memory_bytes", "samples")},
+        },
+        "slo": {"min_accuracy": 0.8},
+        "environment": {
+            **{"key": "k", "device": "cpu", "device_name": "a CPU", "torch_version": "2"},
+            **{"threads": 1, "hostname": "h"},
+        },
+    }
+    console = Console(width=200, record=True)
+    console.print(frontier_table([row]))
+    header = console.export_text().splitlines()
+    assert any("fidelity" in line for line in header) and not any("accuracy" in line for line in header[:4])
+    console.print(best_card(row))
+    card = console.export_text()
+    assert "fidelity ≥ 0.8" in card and "accuracy" not in card
+
+
 def test_the_rows_an_accuracy_floor_needs() -> None:
     assert rows_needed(None) == MIN_EVALUATION
     assert rows_needed(0.9) == 100 and rows_needed(0.99) == 1000
@@ -156,7 +190,7 @@ def test_folders_pareto_cannot_read_are_refused_in_one_sentence(folder: Path, tm
         folder_kind(ModelSource.open(other, data))
     onnx = tmp_path / "m.onnx"
     onnx.write_bytes(b"\0")
-    with pytest.raises(TaskError, match="ONNX files and .pt2 programs are not read yet"):
+    with pytest.raises(TaskError, match="is an ONNX file; .*ONNX files are not read yet"):
         folder_kind(ModelSource.open(onnx, data))
 
 
@@ -229,6 +263,7 @@ def test_search_a_folder_and_a_data_file_end_to_end(
     result = json.loads(captured.out)
     assert result["study"] == "my-classifier"
     method = result["frontier"][0]["metrics"]["method"]
+    assert result["frontier"][0]["metrics"]["accuracy_metric"] == "accuracy"
     assert "the task's own requests" in method and "evaluation rows of d.jsonl" in method
     with data.open("a") as f:
         f.write('{"text": "good", "label": "pos"}\n')
@@ -279,7 +314,11 @@ def test_a_sentence_transformers_folder_is_scored_by_fidelity_without_labels(tmp
 
     data = tmp_path / "sentences.jsonl"
     data.write_text("".join(json.dumps({"text": s}) + "\n" for s in train_sentences()[:80]))
-    task = load_task(ModelSource.open(package.get_model_path(), data).ref())
+    source = ModelSource.open(package.get_model_path(), data)
+    assert source.metric == "fidelity" and score_name(source.ref()) == "fidelity"  # named so in every table
+    with pytest.raises(TaskError, match="sentence-transformers folder, scored by fidelity .* leave out --metric"):
+        ModelSource.open(package.get_model_path(), data, metric="f1")
+    task = load_task(source.ref())
     assert task.evaluation_rows == 64
     assert task.evaluate(task.model) == pytest.approx(1.0)  # the uncompressed model is its own reference
     noisy = copy.deepcopy(task.model)
@@ -334,8 +373,20 @@ def test_an_image_classifier_folder_and_its_images(image_folder: tuple[Path, Pat
     assert "48 evaluation images of images" in (task.inputs_note or "")
     listing = tmp_path / "images.csv"
     listing.write_text("path,label\n" + "".join(f"{p},{p.parent.name}\n" for p in sorted(images.rglob("*.png"))))
-    from_file = load_task(ModelSource.open(model_dir, listing, image_field="path").ref())
+    source = ModelSource.open(model_dir, listing, image_field="path")
+    from_file = load_task(source.ref())
     assert from_file.evaluation_rows == 48
+    # the listing's digest covers the images it names: one image redrawn is changed data
+    image = pytest.importorskip("PIL.Image")
+    first = sorted(images.rglob("*.png"))[0]
+    kept = first.read_bytes()
+    image.new("RGB", (24, 24), (0, 255, 0)).save(first)
+    try:
+        with pytest.raises(TaskError, match="data file .* changed since this study measured it"):
+            ModelSource.from_ref(source.ref()).check_files()
+    finally:
+        first.write_bytes(kept)
+    ModelSource.from_ref(source.ref()).check_files()
     listing.write_text("path,label\nnowhere.png,circle\n")
     with pytest.raises(TaskError, match="names 'nowhere.png', which is not a file"):
         load_task(ModelSource.open(model_dir, listing, image_field="path").ref())

@@ -260,25 +260,10 @@ def test_nightly_bad_input_is_one_sentence(tmp_path: Path) -> None:
 def test_a_regression_the_second_pass_does_not_find_makes_a_noisy_night(
     db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pareto.drift import nightly as _nightly
 
     monkeypatch.delenv("PARETO_TEST_SLOWDOWN_MS", raising=False)
     run_search(_spec(), db_url=db_url)
-    real = _nightly.compare
-    calls = {"n": 0}
-
-    def spell(trial: int, description: str, before: dict[str, Any], after: dict[str, Any], **kw: Any) -> Any:
-        calls["n"] += 1
-        if calls["n"] == 1:  # the first pass ran through a slow spell of the host: 10x on every round
-            after = {
-                **after,
-                "latency_p99_ms": 10 * after["latency_p99_ms"],
-                "latency_p99_lower_ms": 10 * after["latency_p99_lower_ms"],
-                "round_medians_ms": [10 * m for m in after["round_medians_ms"]],
-            }
-        return real(trial, description, before, after, **kw)
-
-    monkeypatch.setattr(_nightly, "compare", spell)
+    _first_pass_in_a_slow_spell(monkeypatch)
     settings = NightlySettings(time_budget="1s", remeasure_top=0, summary_dir=str(tmp_path))
     preferred_before = _preferred(db_url)
     reads_before = _reads(db_url)
@@ -318,14 +303,78 @@ def test_the_nights_search_confirms_held(db_url: str, tmp_path: Path, monkeypatc
 
     def spy(*args: Any, **kwargs: Any) -> Any:
         seen.update(kwargs)
-        return real(*args, **kwargs)
+        seen["result"] = real(*args, **kwargs)
+        return seen["result"]
 
     monkeypatch.setattr(_search, "run_search", spy)
+    _first_pass_in_a_slow_spell(monkeypatch)  # a noisy night, whatever this machine's own noise
     settings = NightlySettings(time_budget="60s", remeasure_top=0, summary_dir=str(tmp_path))
+    reads_before = _reads(db_url)
     night = run_nightly(more, settings, db_url=db_url, notice=lambda _: None)
-    assert seen.get("held") is True
-    if night.status == "noisy":
-        assert _preferred(db_url) == before
+    assert seen.get("held") is True and night.status == "noisy"
+    confirmed = seen["result"].confirmation
+    assert confirmed is not None and confirmed.runs and night.summary["withdrawn"] >= 1  # the search's confirmations
+    assert _preferred(db_url) == before and _reads(db_url) == reads_before  # best, frontier, explain: byte for byte
+
+
+def test_a_night_interrupted_after_its_search_confirmed_changes_no_answer(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a budget for new trials, so the night's search confirms (confirm_top 1, held); SIGTERM comes right
+    # after the search: its confirmations and the night's re-measurements stay held, every read as before
+    from pareto.drift import nightly as _nightly
+    from pareto.study import search as _search
+
+    monkeypatch.delenv("PARETO_TEST_SLOWDOWN_MS", raising=False)
+    spec = SearchSpec.model_validate({**_spec(samples=700, rounds=5).model_dump(mode="json"), "slo": {"p99": "1s"}})
+    # the whole space measured, unconfirmed: the night's search has nothing new to measure, only to confirm
+    run_search(spec.model_copy(update={"search": spec.search.model_copy(update={"confirm_top": 0})}), db_url=db_url)
+    before, reads_before = _preferred(db_url), _reads(db_url)
+    with session_scope(open_engine(db_url)) as session:
+        confirms_before = session.scalar(select(func.count()).where(Measurement.kind == "confirm"))
+
+    def deadline(*_args: Any, **_kwargs: Any) -> Any:
+        raise KeyboardInterrupt  # what the SIGTERM handler raises
+
+    monkeypatch.setattr(_nightly._Job, "_change_point", deadline)  # the step after the night's search
+    settings = NightlySettings(time_budget="60s", remeasure_top=0, summary_dir=str(tmp_path))
+    seen: dict[str, Any] = {}
+    real = _search.run_search
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        seen["result"] = real(*args, **kwargs)
+        return seen["result"]
+
+    monkeypatch.setattr(_search, "run_search", spy)
+    with pytest.raises(KeyboardInterrupt):
+        run_nightly(spec, settings, db_url=db_url, notice=lambda _: None)
+    with session_scope(open_engine(db_url)) as session:
+        confirms = session.scalar(select(func.count()).where(Measurement.kind == "confirm"))
+    confirmed = seen["result"].confirmation  # the night's search confirmed before the deadline
+    assert confirmed is not None and confirmed.runs and confirms > confirms_before
+    assert _preferred(db_url) == before and _reads(db_url) == reads_before  # byte for byte
+
+
+def _first_pass_in_a_slow_spell(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The night's first re-measurement ran through a slow spell of the host (10x on every round); its second
+    pass did not: a noisy night."""
+    from pareto.drift import nightly as _nightly
+
+    real = _nightly.compare
+    calls = {"n": 0}
+
+    def spell(trial: int, description: str, before: dict[str, Any], after: dict[str, Any], **kw: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            after = {
+                **after,
+                "latency_p99_ms": 10 * after["latency_p99_ms"],
+                "latency_p99_lower_ms": 10 * after["latency_p99_lower_ms"],
+                "round_medians_ms": [10 * m for m in after["round_medians_ms"]],
+            }
+        return real(trial, description, before, after, **kw)
+
+    monkeypatch.setattr(_nightly, "compare", spell)
 
 
 def _reads(db_url: str) -> list[str]:

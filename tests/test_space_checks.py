@@ -75,7 +75,7 @@ def _spec(**search: Any) -> SearchSpec:
     )
 
 
-def _slow_bf16(layer: Any, levers: dict[str, Any], backends: Any, *, threads: Any) -> dict[str, Any]:
+def _slow_bf16(layer: Any, levers: dict[str, Any], backends: Any, *, threads: Any, guard: Any = None) -> dict[str, Any]:
     calls.append(sorted(levers))
     speed = {"bf16": 0.2, "int8_dynamic": 1.5}
     return {
@@ -142,7 +142,7 @@ def test_a_probe_that_crashes_its_process_ends_the_probe_not_the_search(monkeypa
     # the whole probe's process dies: each lever alone, and one that still cannot be timed is kept
     runs: list[list[str]] = []
 
-    def child(layer: Any, levers: dict[str, Any], backends: Any, threads: Any, target: Any = None) -> Any:
+    def child(layer: Any, levers: dict[str, Any], backends: Any, threads: Any, target: Any = None, **_: Any) -> Any:
         runs.append(sorted(levers))
         if len(levers) > 1 or "bf16" in levers:
             return "the probe's process ended with exit code -6"
@@ -153,3 +153,43 @@ def test_a_probe_that_crashes_its_process_ends_the_probe_not_the_search(monkeypa
     assert runs == [["bf16", "int8_dynamic"], ["bf16"], ["int8_dynamic"]]
     assert speeds["int8_dynamic"]["best"] == 1.5
     assert speeds["bf16"]["best"] is None and "exit code -6" in speeds["bf16"]["failed"]["probe"]
+
+
+def test_a_busy_machine_keeps_a_lever_the_probe_could_not_judge(db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lever probe is guarded as trials are: bf16's rounds all discarded for contention (a probe that
+    always reads busy) leaves it unjudged, so it is searched (never dropped on a noisy reading), said in one
+    line, and not stored (a later search probes it again)."""
+    from pareto.measure.probe import ContentionProbe, ProbeReading
+
+    guards: list[Any] = []
+
+    def busy_speeds(layer: Any, levers: dict[str, Any], backends: Any, *, threads: Any, guard: Any = None) -> Any:
+        guards.append(guard)
+        probe = guard.probe(threads)
+        # every round of the lever probe busy: nothing is judged; the trials after it read the machine
+        with pytest.MonkeyPatch.context() as busy:
+            busy.setattr(ContentionProbe, "read", lambda self: ProbeReading(1.0, 99.0))
+            return space_checks.lever_speeds(layer, levers, backends, threads=threads, guard=_Fixed(probe))
+
+    class _Fixed:
+        def __init__(self, probe: ContentionProbe) -> None:
+            self._probe = probe
+
+        def probe(self, threads: Any) -> ContentionProbe:
+            return self._probe
+
+    monkeypatch.setattr(space_checks, "isolated_lever_speeds", busy_speeds)
+    monkeypatch.setattr(space_checks, "PROBE_ROUNDS", 3)
+    notices: list[str] = []
+
+    class Collect(search_module.Quiet):
+        def notice(self, message: str) -> None:
+            notices.append(message)
+
+    run_search(_spec(n_trials=2), db_url=db_url, reporter=Collect())
+    assert guards and guards[0] is not None and guards[0].limit > 1
+    assert not any(n.startswith("Leaving out bf16") for n in notices)
+    assert any(n.startswith("Keeping bf16: the machine stayed busy") for n in notices)
+    with session_scope(open_engine(db_url)) as session:
+        stored = session.scalars(select(TechniqueCheck).where(TechniqueCheck.kind == "pays")).all()
+    assert "bf16" not in {c.technique for c in stored}

@@ -8,7 +8,7 @@ from sqlalchemy import inspect, select, text
 from sqlalchemy.orm import Session
 
 from pareto.errors import StoreError
-from pareto.store import trials
+from pareto.store import queries, trials
 from pareto.store.engine import (
     VERSION_TABLE,
     alembic_config,
@@ -325,7 +325,7 @@ def test_two_noisy_nights_in_a_row_leave_the_answer_where_it_was(db_url: str) ->
             config={},
             config_key="c",
             description="d",
-            is_baseline=False,
+            is_baseline=True,
             batch_size=1,
             environment_id=env.id,
             state="COMPLETE",
@@ -349,13 +349,21 @@ def test_two_noisy_nights_in_a_row_leave_the_answer_where_it_was(db_url: str) ->
                 session.scalars(select(Measurement.id).where(Measurement.trial_id == trial.id, Measurement.preferred))
             )
 
+        def answered() -> tuple[int | None, int]:
+            """What a repeat of the configuration is answered with, and the baseline speedups divide by."""
+            twin = trials.measured_twin(session, study.id, env.id, "c", exclude_id=-1)
+            _, latest = queries._baselines(session, study, env)
+            return (twin.id if twin is not None else None), latest[(env.id, 1)].id
+
         _, searched = measure("search", 2.0)
-        for night in range(2):  # noisy: nothing promoted
+        for night in range(2):  # noisy: nothing promoted, nothing answered from what it held
             run, _ = measure("confirm", 13.0 + night, held=True)
             assert preferred() == [searched]
             assert trials.held_count(session, [run]) == 1
+            assert answered() == (searched, searched)
         night_runs = [measure("confirm", 3.0, held=True)[0], measure("confirm", 2.5, held=True)[0]]
         assert preferred() == [searched]
         assert trials.promote(session, night_runs) == 1
         latest = session.scalars(select(Measurement.id).where(Measurement.run_id == night_runs[1])).one()
         assert preferred() == [latest]
+        assert answered() == (latest, latest)

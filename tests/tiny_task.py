@@ -196,3 +196,24 @@ def make_interrupting_task() -> Task:
 
     task.evaluate = interrupting
     return task
+
+
+class _ReadsWeight(nn.Module):
+    """A model whose forward reads its middle layer's weight directly, as a user's own code may."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(16, 128)
+        self.mid = nn.Linear(128, 128)
+        self.head = nn.Linear(128, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.inp(x))
+        h = torch.relu(h @ self.mid.weight.t() + self.mid.bias)  # the layer's weight, read here
+        return self.head(h)
+
+
+def make_reads_weight_task() -> Task:
+    """Low-rank and the quantizers replace ``mid`` (a factor pair, a packed weight) and break it there only."""
+    torch.manual_seed(0)
+    return _task("reads-weight", _ReadsWeight())

@@ -2,62 +2,62 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 import click
 
-from pareto._cli import (
-    best,
-    calibrate,
-    confirm,
-    db,
-    explain,
-    export,
-    frontier,
-    hardware,
-    history,
-    load,
-    measure,
-    nightly,
-    report,
-    roofline,
-    search,
-    serve,
-    studies,
-    techniques,
-)
 from pareto._cli.options import err
 from pareto.errors import ParetoError
 
+#: Each command's module under pareto/_cli/, which defines ``command``: imported when the command runs
+#: (or ``--help`` lists it), so that ``pareto best`` loads the store and not the search's stack.
+COMMANDS = (
+    "search",
+    "best",
+    "frontier",
+    "explain",
+    "confirm",
+    "load",
+    "measure",
+    "studies",
+    "nightly",
+    "history",
+    "report",
+    "export",
+    "serve",
+    "calibrate",
+    "roofline",
+    "hardware",
+    "techniques",
+    "db",
+)
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+
+class _Commands(click.Group):
+    """The group whose commands are imported when asked for (click's documented lazy-loading pattern)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMANDS:
+            return None
+        command: click.Command = importlib.import_module(f"pareto._cli.{cmd_name}").command
+        return command
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="pareto-slo")
 def cli() -> None:
     """Measure compressed models on your hardware; pick the best one for your latency SLO."""
 
 
-# each command lives in its own module under pareto/_cli/, which defines ``command``
-for _module in (
-    search,
-    best,
-    frontier,
-    explain,
-    confirm,
-    load,
-    measure,
-    studies,
-    nightly,
-    history,
-    report,
-    export,
-    serve,
-    calibrate,
-    roofline,
-    hardware,
-    techniques,
-    db,
-):
-    cli.add_command(_module.command)
+def subcommands(group: click.Group) -> dict[str, click.Command]:
+    """A group's commands by name, imported (the whole tree's, for ``--help`` pages and the layout's checks)."""
+    ctx = click.Context(group)
+    found = {name: group.get_command(ctx, name) for name in group.list_commands(ctx)}
+    return {name: command for name, command in found.items() if command is not None}
 
 
 def main(argv: list[str] | None = None) -> int:

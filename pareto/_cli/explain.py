@@ -45,7 +45,8 @@ def command(limits: Limits, db: str | None, as_json: bool) -> None:
 def _table(result: dict[str, Any]) -> Table:
     title = f"Why each frontier configuration of study {result['study']!r} was or was not chosen"
     table = Table(title=f"{title} ({result['constraints']['described']})", title_justify="left")
-    for name, justify in (("trial", "right"), ("configuration", "left"), ("accuracy", "right"), ("p99 ≤", "right")):
+    score = result.get("score", "accuracy")  # fidelity, macro-F1: what the accuracy figures are
+    for name, justify in (("trial", "right"), ("configuration", "left"), (score, "right"), ("p99 ≤", "right")):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     table.add_column("verdict")
     table.add_column("why", overflow="fold")

@@ -60,7 +60,8 @@ def _table(result: dict[str, Any]) -> Table:
     for r in runs:
         table.add_row(
             f"{r['qps']:,.4g}",
-            f"max {r['max_batch']}, wait {format_ms(r['max_wait_ms'])}",
+            f"max {r['max_batch']}, wait {format_ms(r['max_wait_ms'])}"
+            + (f", {r['instances']} instances" if r.get("instances", 1) > 1 else ""),
             str(r["requests"]),
             format_ms(r["p50_ms"]),
             format_ms(r["p99_ms"]),

@@ -9,7 +9,6 @@ from pareto._cli.options import count, db_option, err, json_option, out, print_j
 from pareto.api import create_study, delete_study
 from pareto.api import studies as query
 from pareto.errors import UsageError
-from pareto.spec import load_spec
 from pareto.units import format_ms
 
 
@@ -62,6 +61,7 @@ def studies_create(
     config_path: str | None, task: str | None, study: str | None, objectives: str | None, db: str | None
 ) -> None:
     """Create a study before its workers start (a study-creator job); an existing one is checked and kept."""
+    from pareto.spec import load_spec  # pydantic's models: not for `pareto studies`, a read
 
     overrides = {"task": task, "study": study, "objectives": objectives.split(",") if objectives else None}
     name = create_study(load_spec(config_path, overrides), db=db)

@@ -99,7 +99,11 @@ def describe_techniques(device: str, task: Task | None = None) -> list[dict[str,
                 "name": cls.name,
                 "family": cls.family,
                 "summary": cls.summary,
-                "parameters": {name: _field_text(field) for name, field in cls.model_fields.items()},
+                "parameters": {
+                    name: _field_text(field)
+                    for name, field in cls.model_fields.items()
+                    if name != "leave" or cls.leaves_layers  # layers left alone: only where honoured
+                },
                 "available": reason is None,
                 "reason": reason,
                 "backend": technique.backend(device) if reason is None else None,

@@ -12,7 +12,7 @@ import math
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from pareto.compress.served import Step
 from pareto.errors import UsageError
@@ -77,6 +77,22 @@ class Technique(BaseModel):
     #: Whose kernels it runs on a CPU, as ``pareto.measure.environment.host_cpu`` names them: "onednn"
     #: (casts, PT2E int8, Inductor), "fbgemm" (PyTorch's dynamic int8), "mlas" (ONNX Runtime).
     cpu_kernels: ClassVar[str] = "onednn"
+    #: It replaces layers one by one and honours ``leave`` (low-rank, the weight quantizers).
+    leaves_layers: ClassVar[bool] = False
+
+    #: The layers (names as ``named_modules`` gives them) it leaves as they are: a study learns them from
+    #: a failure there (``pareto.study.layers``), as torchao's ``filter_fn`` leaves layers out. None: none.
+    leave: tuple[str, ...] | None = None
+
+    @model_validator(mode="after")
+    def _leave_honoured(self) -> Technique:
+        if self.leave and not self.leaves_layers:
+            raise ValueError(f"{self.name} replaces no layer one by one, so it cannot leave {list(self.leave)} alone")
+        return self
+
+    def leaves(self, layer: str) -> bool:
+        """Whether ``layer`` (a module name in the model) is one it leaves as it is."""
+        return layer in (self.leave or ())
 
     @classmethod
     def on_this_cpu(cls, features: str | None, capability: str | None = None) -> str | None:
@@ -132,8 +148,12 @@ class Technique(BaseModel):
         return ()
 
     def params(self) -> dict[str, Any]:
-        """Parameters as stored and hashed; unset optional ones (None) are left out."""
-        return self.model_dump(exclude_none=True)
+        """Parameters as stored and hashed; unset optional ones (None) are left out, and the layers left
+        alone (``leave``) are a list, as stored JSON reads them back."""
+        data = self.model_dump(exclude_none=True)
+        if "leave" in data:
+            data["leave"] = list(data["leave"])
+        return data
 
     def describe(self) -> str:
         return describe_technique(self.name, self.params())

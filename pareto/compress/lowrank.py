@@ -48,6 +48,7 @@ class LowRank(Technique):
     rank_ratio: float | None = Field(default=None, gt=0, le=1)
     energy: float | None = Field(default=None, gt=0, le=1)
     keep_head: bool = True
+    leaves_layers: ClassVar[bool] = True
     min_rank: int = Field(default=8, ge=1)
 
     @model_validator(mode="after")
@@ -84,11 +85,13 @@ class LowRank(Technique):
                 raise NoEffect(self.name, self._nothing_to_do())
             return factored
         factorized = 0
-        for parent in list(model.modules()):
+        for prefix, parent in list(model.named_modules()):
             for child_name, child in list(parent.named_children()):
                 # exact type: subclasses such as MultiheadAttention's out_proj are read as plain weights;
-                # packed weights (2:4 sparse) are not factorized
+                # packed weights (2:4 sparse) are not factorized; a layer the study learned to leave alone
                 if type(child) is not nn.Linear or is_traceable_wrapper_subclass(child.weight) or child in head:
+                    continue
+                if self.leaves(f"{prefix}.{child_name}" if prefix else child_name):
                     continue
                 factored = self._factorize(child)
                 if factored is not None:

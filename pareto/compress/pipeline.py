@@ -145,13 +145,19 @@ def apply(
     view = dataclasses.replace(on_device(task, where), batch_size=config.batch_size)
     on_module = [t for t in config.techniques if not t.on_graph]
     notes: list[str] = []
+    changed: dict[str, str] = {}
     # structured pruning and low-rank leave widths the configuration's quantizers take (fp8, int4, 2:4)
     with needed_multiple(config.techniques):
         for technique in (t for t in on_module if t.family != "compile"):
+            before = _layer_kinds(compressed) if technique.leaves_layers else {}
             step = _apply_one(technique, compressed, view)
             compressed, notes = step.module, [*notes, *step.notes]
+            after = _layer_kinds(compressed) if before else {}
+            changed |= {name: technique.name for name, kind in before.items() if after.get(name) != kind}
             _route_around_fused_encoder_kernel(compressed)  # before the next technique (compile) sees it
-    served = dataclasses.replace(_declared(compressed, config.techniques), notes=tuple(notes))
+    served = dataclasses.replace(
+        _declared(compressed, config.techniques), notes=tuple(notes), changed=tuple(changed.items())
+    )
     with torch_threads(threads):
         for technique in (t for t in on_module if t.family == "compile"):  # torch.compile, CUDA graphs
             served = served.then(_apply_one(technique, served.module, view))
@@ -162,6 +168,11 @@ def apply(
             served = served.then(_apply_one(technique, served.module, view))
     served.module.eval()
     return served
+
+
+def _layer_kinds(model: nn.Module) -> dict[str, tuple[type, type]]:
+    """Each named layer's type and its weight's (a quantized weight is another tensor type, or a method)."""
+    return {name: (type(m), type(getattr(m, "weight", None))) for name, m in model.named_modules() if name}
 
 
 def _declared(model: nn.Module, techniques: tuple[Technique, ...]) -> Served:

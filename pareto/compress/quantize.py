@@ -139,9 +139,24 @@ def _torchao_quantize(technique: Technique, model: nn.Module, config: Any, linea
         raise TechniqueError(
             f"{technique.describe()}: torchao cannot quantize 2:4 sparse weights; drop prune_2_4 or this technique."
         )
-    chosen = {id(m) for m in linears}
+    chosen = {id(m) for m in _not_left_alone(technique, model, linears)}
     ao.quantize_(model, config, filter_fn=lambda module, _fqn: id(module) in chosen)
     return model
+
+
+def _not_left_alone(technique: Technique, model: nn.Module, linears: list[nn.Linear]) -> list[nn.Linear]:
+    """``linears`` but the layers ``technique`` leaves alone (``Technique.leave``).
+
+    Raises:
+        TechniqueError: it leaves every one of them alone.
+    """
+    if not technique.leave:
+        return linears
+    names = {id(m): name for name, m in model.named_modules()}
+    kept = [m for m in linears if not technique.leaves(names.get(id(m), ""))]
+    if not kept:
+        raise TechniqueError(f"{technique.describe()}: every linear layer it would quantize is left alone.")
+    return kept
 
 
 @register
@@ -162,6 +177,7 @@ class Int8Dynamic(Technique):
     """
 
     name: ClassVar[str] = "int8_dynamic"
+    leaves_layers: ClassVar[bool] = True
     artifact_note: ClassVar[str | None] = (
         "torch.ao backend: quantized::linear_dynamic with packed int8 weights (TorchScript); "
         "torchao backend: torchao's int8 operators (loading needs torchao)"
@@ -254,10 +270,16 @@ class Int8Dynamic(Technique):
             )
         quantize_dynamic = _quantize_dynamic()
         assert quantize_dynamic is not None  # backend() checked it
+        spec: Any = {nn.Linear}
+        if self.leave:  # by name: every float linear but those left alone
+            from torch.ao.quantization import default_dynamic_qconfig
+
+            names = {id(m): name for name, m in model.named_modules()}
+            spec = {names[id(m)]: default_dynamic_qconfig for m in _not_left_alone(self, model, linears)}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
             warnings.simplefilter("ignore", UserWarning)
-            return quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=False)
+            return quantize_dynamic(model, spec, dtype=torch.qint8, inplace=False)
 
 
 #: torch._int_mm (int8 x int8 -> int32 on CUDA) takes widths that are multiples of 8; torchao copies
@@ -290,6 +312,7 @@ class Int8WeightOnly(Technique):
     """
 
     name: ClassVar[str] = "int8_weight_only"
+    leaves_layers: ClassVar[bool] = True
     artifact_note: ClassVar[str | None] = (
         "torchao int8 weight tensors traced into torchao's operators; loading needs torchao"
     )
@@ -340,6 +363,7 @@ class Int4WeightOnly(Technique):
     """
 
     name: ClassVar[str] = "int4_weight_only"
+    leaves_layers: ClassVar[bool] = True
     artifact_note: ClassVar[str | None] = (
         "torchao int4 weight tensors traced into torchao's operators; loading needs torchao and CUDA"
     )
@@ -496,6 +520,7 @@ class Fp8(Technique):
     """
 
     name: ClassVar[str] = "fp8"
+    leaves_layers: ClassVar[bool] = True
     artifact_note: ClassVar[str | None] = (
         "torchao float8 weight tensors (per-row scales) in torchao's operators; loading needs torchao and CUDA"
     )

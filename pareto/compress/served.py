@@ -98,6 +98,8 @@ class Served:
             PyTorch (ONNX Runtime); None otherwise.
         ready: Called before a latency measurement's warm-up; None when nothing needs it.
         graph_pool: The CUDA graphs' private memory pool as built (counted in memory); None without graphs.
+        changed: The layers of ``eager`` a technique that replaces layers one by one changed, as (layer
+            name, technique name): where a failure can be traced to (``pareto.study.layers``).
     """
 
     module: nn.Module
@@ -110,6 +112,7 @@ class Served:
     source: nn.Module | None = None
     ready: Callable[[], object] | None = None
     graph_pool: GraphPool | None = None
+    changed: tuple[tuple[str, str], ...] = ()
 
     @property
     def graph_pool_bytes(self) -> int:
@@ -130,4 +133,5 @@ class Served:
             source=step.source or self.source,
             ready=step.ready or self.ready,
             graph_pool=step.graph_pool or self.graph_pool,
+            changed=self.changed,
         )

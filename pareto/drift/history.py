@@ -29,6 +29,7 @@ from pareto.errors import message_line
 from pareto.locks import gpu_work
 from pareto.measure.reference import Reference
 from pareto.store import storage
+from pareto.store.records import NightStatus
 from pareto.study.bench import build
 
 if TYPE_CHECKING:
@@ -82,30 +83,37 @@ class DriftHistory:
     def __len__(self) -> int:
         return len(self._nights)
 
-    def points(self, trial: int, statistic: str, *, skip_regressions: bool = False) -> list[tuple[str, float]]:
-        """The trial's log drift-corrected statistic, one value a night (the median of that night's
-        passes), with the night's start."""
+    def points(
+        self, trial: int, statistic: str, *, skip_regressions: bool = False, corrected: bool = True
+    ) -> list[tuple[str, float]]:
+        """The trial's log drift-corrected statistic (or, not ``corrected``, as measured), one value a
+        night (the median of that night's passes), with the night's start."""
         out = []
+        key = f"corrected_{statistic}" if corrected else f"{statistic}_ms"
         for status, block in self._nights:
-            if skip_regressions and status == "regression":
+            if skip_regressions and status == NightStatus.REGRESSION:
                 continue
-            logs = [math.log(m[f"corrected_{statistic}"]) for m in block.get("measured", []) if m["trial"] == trial]
+            logs = [math.log(m[key]) for m in block.get("measured", []) if m["trial"] == trial and m.get(key)]
             if logs:
                 out.append((block.get("started_at") or "", float(statistics.median(logs))))
         return out
 
-    def series(self, trial: int, statistic: str, *, skip_regressions: bool = False) -> list[float]:
-        return [value for _, value in self.points(trial, statistic, skip_regressions=skip_regressions)]
+    def series(
+        self, trial: int, statistic: str, *, skip_regressions: bool = False, corrected: bool = True
+    ) -> list[float]:
+        points = self.points(trial, statistic, skip_regressions=skip_regressions, corrected=corrected)
+        return [value for _, value in points]
 
-    def level(self, trial: int, statistic: str) -> float | None:
-        """The trial's level (log), or None when no past night measured it beside the reference."""
-        values = self.series(trial, statistic, skip_regressions=True)
+    def level(self, trial: int, statistic: str, *, corrected: bool = True) -> float | None:
+        """The trial's level (log), drift-corrected or as measured, or None when no past night measured
+        it beside the reference."""
+        values = self.series(trial, statistic, skip_regressions=True, corrected=corrected)
         return level(values) if values else None
 
     def reference_level_ms(self, statistic: str = "p99") -> float | None:
         """The reference's own level: how fast this machine usually runs it (for the machine's drift)."""
         key = f"reference_{statistic}_ms"
-        values = [math.log(b[key]) for status, b in self._nights if status != "regression" and b.get(key)]
+        values = [math.log(b[key]) for status, b in self._nights if status != NightStatus.REGRESSION and b.get(key)]
         return math.exp(level(values)) if values else None
 
     def trials(self) -> list[int]:
@@ -201,6 +209,12 @@ class NightDrift:
                 return None
             out[s] = math.exp(math.log(measured.corrected(s)) - lvl)
         return out
+
+    def measured_ratio(self, measured: Measured, statistic: str = "p50") -> float | None:
+        """The statistic tonight over its level as measured, the machine's drift left in; None when no
+        past night measured it here."""
+        lvl = self.history.level(measured.trial, statistic, corrected=False)
+        return None if lvl is None else math.exp(math.log(getattr(measured, f"{statistic}_ms")) - lvl)
 
     def reference_ratio(self, statistic: str = "p50") -> float | None:
         """The reference's statistic tonight over its level: how much slower the machine is tonight."""

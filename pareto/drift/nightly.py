@@ -50,7 +50,7 @@ from pareto.signals import handled
 from pareto.spec import NightlySettings, SearchSpec
 from pareto.store import storage
 from pareto.store.engine import check_path, open_engine, upgrade
-from pareto.store.records import EnvironmentRecord
+from pareto.store.records import EnvironmentRecord, NightStatus
 from pareto.store.writes import writing
 from pareto.study.bench import open_bench
 from pareto.task import load_task
@@ -173,7 +173,7 @@ class _Job:
         try:
             result = self._run(bench, study_id, row_id, reference)
         except BaseException as exc:
-            ended = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+            ended = NightStatus.INTERRUPTED if isinstance(exc, KeyboardInterrupt) else NightStatus.FAILED
             if not self.closed:  # a verdict stored before the summary failed to write stays the verdict
                 self._close_history(row_id, ended, error=exc)
             raise
@@ -197,16 +197,16 @@ class _Job:
         regression = (pick_comparison is not None and pick_comparison.regression) or (
             change is not None and change["new"] and not noisy
         )
-        status = "regression" if regression else "noisy" if noisy else "ok"
-        if status == "noisy":
+        status = NightStatus.REGRESSION if regression else NightStatus.NOISY if noisy else NightStatus.OK
+        if status is NightStatus.NOISY:
             self._withdraw(bench)
-        after = _load(bench, study_id, bench.env_id, promoted=[] if status == "noisy" else self.runs)
+        after = _load(bench, study_id, bench.env_id, promoted=[] if status is NightStatus.NOISY else self.runs)
         best_after = best_or_none(after, self.constraints, study=self.spec.study_name)
         pick_after = self._next_pick(pick_before, best_after, before, after, regression)
         front_after = frontier(after, objective_metrics(self.spec.objectives))
         self._measure_new_pick(bench, study_id, pick_after)
         self.summary.update(
-            status=status,
+            status=status.value,
             pick_before=_brief(pick_before),
             pick_after=_brief(pick_after),
             frontier_before=[c.trial for c in front_before],
@@ -225,7 +225,12 @@ class _Job:
         return self._close(row_id, status, pick_before, pick_after, trials_run)
 
     def _close(
-        self, row_id: int, status: str, pick_before: Candidate | None, pick_after: Candidate | None, trials_run: int
+        self,
+        row_id: int,
+        status: NightStatus,
+        pick_before: Candidate | None,
+        pick_after: Candidate | None,
+        trials_run: int,
     ) -> NightlyResult:
         markdown_path, json_path = self._summary_paths()
         change = self.summary.get("change_point")
@@ -239,8 +244,8 @@ class _Job:
             summary_path=str(json_path),
         )
         self._write_summary(markdown_path, json_path)
-        code = EXIT_REGRESSION if status == "regression" else EXIT_TEMPFAIL if status == "noisy" else 0
-        return NightlyResult(self.spec.study_name, status, code, self.summary, markdown_path, json_path)
+        code = {NightStatus.REGRESSION: EXIT_REGRESSION, NightStatus.NOISY: EXIT_TEMPFAIL}.get(status, 0)
+        return NightlyResult(self.spec.study_name, status.value, code, self.summary, markdown_path, json_path)
 
     def _open_history(self, bench: Any) -> tuple[int, int, int | None]:
         """Mark dead jobs interrupted, find the environment compared with, and start this job's row."""
@@ -377,6 +382,7 @@ class _Job:
                 bands=self.drift.bands,
                 reference_ratio=self.drift.reference_ratio(),
                 reference_p99_ratio=self.drift.reference_ratio("p99"),
+                raw_p50_ratio=self.drift.measured_ratio(measured[trial]),
                 baseline_ratios=known[0] if known else None,
                 slo_ms=self.constraints.p99_ms,
             )
@@ -519,19 +525,21 @@ class _Job:
                 f"to {json_path.parent}: {exc.strerror or exc}."
             ) from exc
 
-    def _close_history(self, row_id: int, status: str, *, error: BaseException | None = None, **values: Any) -> None:
+    def _close_history(
+        self, row_id: int, status: NightStatus, *, error: BaseException | None = None, **values: Any
+    ) -> None:
         """The night's history row closed; a night that ended with a verdict (not interrupted, failed or
         noisy) has its re-measurements promoted in the same transaction, so an interrupted night changes
         no answer of ``best`` or ``frontier``."""
         with writing(self.engine) as w:
             if not w.nightly_exists(row_id):
                 return
-            if status in ("ok", "regression") and self.runs:
+            if status in (NightStatus.OK, NightStatus.REGRESSION) and self.runs:
                 self.summary["promoted"] = w.promote(self.runs)
             summary = dict(self.summary)
             if error is not None:
                 summary["error"] = "interrupted" if isinstance(error, KeyboardInterrupt) else f"{error}"
-            w.close_nightly(row_id, status, values, json.loads(json.dumps(summary, default=str)))
+            w.close_nightly(row_id, status.value, values, json.loads(json.dumps(summary, default=str)))
         self.closed = True
 
 
@@ -620,7 +628,7 @@ def summary_markdown(summary: dict[str, Any]) -> str:
         f"removed {summary.get('frontier_removed')})",
         f"- new trials tonight: {summary.get('trials_run', 0)}",
     ]
-    if summary["status"] == "noisy":
+    if summary["status"] == NightStatus.NOISY:
         lines += [
             "",
             "The machine was too noisy to judge the pick tonight: the contention guard gave up on it, a "

@@ -154,13 +154,16 @@ def compare_corrected(
     baseline_ratios: dict[str, float] | None,
     slo_ms: float | None,
     reference_p99_ratio: float | None = None,
+    raw_p50_ratio: float | None = None,
 ) -> Comparison:
     """Compare on the drift-corrected statistics: slower when the P50's ratio to its level is above its
     noise band; a P99 above its band with the P50 at its level is no verdict.
 
     ``ratios`` holds, for "p50" and "p99", (statistic / the reference's) tonight over the
     configuration's level of that ratio (``pareto.drift.history``); ``baseline_ratios`` the baseline's,
-    which say whether the whole model got slower (the baseline too) or this configuration alone.
+    which say whether the whole model got slower (the baseline too) or this configuration alone;
+    ``raw_p50_ratio`` the P50 tonight over its level as measured, the drift left in: a P50 slower with
+    the drift taken out but not as measured is the drift's doing, no verdict (``_not_slower_as_measured``).
 
     A model that got slower is slower at every quantile, and its P50 shows it against a band a few
     per cent wide. A P99 that grew while the P50 did not is what a neighbour's load does to one night
@@ -169,7 +172,8 @@ def compare_corrected(
     shows as a change point over the nights (``pareto.drift.stats``).
     """
     over = [s for s in ("p50", "p99") if ratios[s] > bands[s].threshold]
-    slower = "p50" in over
+    unmoved = _not_slower_as_measured(ratios, raw_p50_ratio, bands["p50"], reference_ratio) if "p50" in over else None
+    slower = "p50" in over and unmoved is None
     kind = None
     if slower:
         base = baseline_ratios is not None and baseline_ratios["p50"] > bands["p50"].threshold
@@ -177,17 +181,15 @@ def compare_corrected(
     verdict_before = p99_verdict(before, slo_ms) if slo_ms is not None else None
     verdict_after = p99_verdict(after, slo_ms) if slo_ms is not None else None
     missed = verdict_before == "met" and verdict_after != "met"
-    reasons = [_lost_slo_reason(after, slo_ms, verdict_after)] if missed else []
-    inconclusive = None
-    if missed and not slower:
+    inconclusive = unmoved
+    if inconclusive is None and missed and not slower:
         inconclusive = _missed_by_machine(after, slo_ms, ratios, reference_p99_ratio)
-        reasons = [inconclusive]
-    elif over == ["p99"]:
+    elif inconclusive is None and over == ["p99"]:
         inconclusive = (
             f"P99 ×{ratios['p99']:.2f} its level (band ×{bands['p99'].threshold:.2f}) with the P50 at ×"
             f"{ratios['p50']:.2f}: a tail that grew tonight only; no verdict (a tail that stays is a change point)"
         )
-        reasons.append(inconclusive)
+    reasons = [inconclusive] if inconclusive else [_lost_slo_reason(after, slo_ms, verdict_after)] if missed else []
     if slower:
         found = ", ".join(f"{s.upper()} ×{ratios[s]:.2f} its level (band ×{bands[s].threshold:.2f})" for s in over)
         base_note = f" (the baseline ×{baseline_ratios['p50']:.2f} at P50)" if baseline_ratios is not None else ""
@@ -213,6 +215,27 @@ def compare_corrected(
         band_p50=bands["p50"].threshold,
         kind=kind,
         inconclusive=inconclusive,
+    )
+
+
+def _not_slower_as_measured(
+    ratios: dict[str, float], raw_p50_ratio: float | None, band: NoiseBand, reference_ratio: float | None
+) -> str | None:
+    """Why a P50 above its band with the drift taken out is no verdict when its measured P50 is not.
+
+    Dividing by the reference assumes a configuration slows as much as the reference when the machine
+    is loaded. A small model's calls (dispatch, cache-resident weights) slow less than the reference's:
+    on a night faster than the one its level was set on, dividing by the reference calls an unchanged
+    configuration slower, although its measured P50 fell. A configuration that got slower is slower
+    both ways (as if it moved with the reference, and as if not at all); one that is slower one way
+    only is what the machine's drift does to it, and no verdict.
+    """
+    if raw_p50_ratio is None or raw_p50_ratio > band.threshold:
+        return None
+    machine = "the reference" if reference_ratio is None else f"the reference at ×{reference_ratio:.2f} its usual P50"
+    return (
+        f"P50 ×{ratios['p50']:.2f} its level with the machine's drift taken out, ×{raw_p50_ratio:.2f} as measured "
+        f"(band ×{band.threshold:.2f}), {machine}: the machine's drift moved it, not the model; no verdict"
     )
 
 

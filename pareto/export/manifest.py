@@ -268,7 +268,8 @@ def _serve_entry(artifact: Artifact, config: Config, candidate: Candidate, compi
 
 def _at_rate(m: dict[str, Any]) -> dict[str, Any]:
     """A configuration of a study at a request rate: the serving settings its capacity was found with
-    (the batcher, the intra-op threads) and that capacity, load-run or simulated; nothing otherwise."""
+    (the batcher, the model instances taking its batches concurrently, the intra-op threads of each) and
+    that capacity, load-run or simulated; nothing otherwise."""
     if m.get("scenario") is None:
         return {}
     capacity, source = served_capacity(m)
@@ -278,7 +279,8 @@ def _at_rate(m: dict[str, Any]) -> dict[str, Any]:
             "qps": m.get("qps"),
             "max_batch": m.get("load_capacity_max_batch") if load else m.get("capacity_max_batch"),
             "max_wait_ms": m.get("load_capacity_max_wait_ms") if load else m.get("capacity_max_wait_ms"),
-            "intra_op_threads": m.get("serve_threads"),
+            "instances": (m.get("load_capacity_instances") if load else None) or m.get("serve_instances") or 1,
+            "intra_op_threads": (m.get("load_capacity_threads") if load else None) or m.get("serve_threads"),
             "capacity_qps": capacity,
             "capacity_source": source,
             "note": "serve behind a dynamic batcher with these settings: the capacity is the highest Poisson "

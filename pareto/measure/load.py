@@ -1,10 +1,11 @@
 """A real load run: Poisson requests sent on a schedule to a dynamic batcher that calls the served model,
 each request timed from its scheduled arrival to its batch's completion.
 
-Three threads: a generator issues request ``i`` at ``t0 + arrivals[i]`` (it sleeps until then; with
-``spin_s`` it sleeps until shortly before and spins), a batcher runs the policy of ``pareto.measure.queue``
-(one batch at a time; a full batch at once, otherwise what is queued at the oldest request's arrival +
-max wait or when the queue fills) and calls ``call(bucket)``, and the caller's thread waits for both.
+A generator thread issues request ``i`` at ``t0 + arrivals[i]`` (it sleeps until then; with ``spin_s``
+it sleeps until shortly before and spins); one batcher thread per model instance (``Batcher.instances``)
+runs the policy of ``pareto.measure.queue`` on the shared queue (a free instance takes a full batch at
+once, otherwise what is queued at the oldest request's arrival + max wait or when the queue fills) and
+calls ``call(bucket)``, the instances concurrently; the caller's thread waits for them all.
 The numbers include what a Python server adds: thread wake-ups, the GIL, the generator's own lateness
 (reported as the issue lag: a request is timed from its scheduled arrival, so a late generator can only
 add to its latency). LoadGen's rule decides whether the run counts: the queue did not grow (the system
@@ -14,6 +15,7 @@ kept up with the offered rate), and enough requests were timed for the one-sided
 from __future__ import annotations
 
 import gc
+import heapq
 import math
 import os
 import sys
@@ -85,7 +87,7 @@ class LoadRun:
         """The mean time of a batch's call during the run, by bucket (ms): beside the same calls timed alone,
         what serving under load costs the model (the other threads, the cores they share)."""
         req = self.requests
-        first = np.flatnonzero(np.diff(np.concatenate([[-np.inf], req.start_s])) > 0)  # one request per batch
+        first = req.first_of_batches()
         spent = (req.done_s[first] - req.start_s[first]) * 1e3
         bucket = np.array([self.batcher.bucket(int(n)) for n in req.batch[first]])
         return {str(b): float(spent[bucket == b].mean()) for b in sorted(set(bucket.tolist()))}
@@ -101,6 +103,7 @@ class LoadRun:
             "qps": self.qps,
             "max_batch": self.batcher.max_batch,
             "max_wait_ms": self.batcher.max_wait_ms,
+            "instances": self.batcher.instances,
             **self.summary.to_dict(),
             "issued": self.issued,
             "issue_lag_p99_ms": self.issue_lag_p99_ms,
@@ -118,16 +121,17 @@ class LoadRun:
 
 def served_costs(requests: Requests, batcher: Batcher) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
     """Per batch of a load run, its completion less the moment the batcher's policy could have started it
-    (``pareto.measure.queue.simulate``: the later of the previous batch's completion and the earlier of
-    its oldest request's arrival + max wait and the arrival that fills it), in seconds by bucket, split
-    into batches that started back to back (the previous completion decided) and after idle (the
-    arrivals decided, the server had waited). What the simulation draws is then what a batch costs when
-    served: the call inside the run, the batcher thread's wake-up, the generator's and the GIL's share."""
-    first = np.flatnonzero(np.diff(np.concatenate([[-np.inf], requests.start_s])) > 0)
+    (``pareto.measure.queue.simulate``: the later of the first instance free and the earlier of its
+    oldest request's arrival + max wait and the arrival that fills it; the instances' free moments
+    replayed in start order), in seconds by bucket, split into batches that started back to back (an
+    instance coming free decided) and after idle (the arrivals decided, the instance had waited). What the
+    simulation draws is then what a batch costs when served: the call inside the run, the batcher
+    thread's wake-up, the generator's, the other instances' and the GIL's share."""
+    first = requests.first_of_batches()
     arrival, done, top = requests.arrival_s, requests.done_s, batcher.max_batch
     fills = np.concatenate([arrival[top - 1 :], np.full(top - 1, np.inf)])  # the arrival that fills a batch
     deadline = np.minimum(arrival[first] + batcher.max_wait_ms / 1e3, fills[first])
-    free = np.concatenate([[-np.inf], done[first][:-1]])
+    free = _free_moments(done[first], batcher.instances)
     idle = deadline > free
     cost = done[first] - np.where(idle, deadline, free)
     bucket = np.array([batcher.bucket(int(n)) for n in requests.batch[first]])
@@ -137,6 +141,17 @@ def served_costs(requests: Requests, batcher: Batcher) -> tuple[dict[int, np.nda
         for b in sorted(set(bucket[chosen].tolist())):
             pool[b] = cost[chosen & (bucket == b)]
     return split
+
+
+def _free_moments(done: np.ndarray, instances: int) -> np.ndarray:
+    """For batches in start order with these completions, the moment an instance was first free for each
+    (-inf before every instance had run one): the previous completion with one instance."""
+    if instances == 1:
+        return np.concatenate([[-np.inf], done[:-1]])
+    frees, moments = [-math.inf] * instances, []
+    for end in done.tolist():
+        moments.append(heapq.heapreplace(frees, end))
+    return np.asarray(moments)
 
 
 def fixed_time_call(service_s: Mapping[int, float]) -> Callable[[int], None]:
@@ -189,6 +204,7 @@ class _Run:
         self.start = [math.nan] * n
         self.done = [math.nan] * n
         self.size = [0] * n
+        self.batch_of = [-1] * n
         self.queue: deque[int] = deque()
         self.cond = threading.Condition()
         self.stop = threading.Event()  # an exception in either thread: stop both
@@ -226,7 +242,8 @@ class _Run:
                 cond.notify()
 
     def _next_batch(self) -> list[int] | None:
-        """Wait for the policy to start a batch and take its requests; None when the run is over."""
+        """Wait for the policy to start a batch and take its requests, stamping its start and number; None
+        when the run is over. With more instances, one that leaves requests queued wakes another."""
         clock, cond, queue, top = time.perf_counter, self.cond, self.queue, self.batcher.max_batch
         wait = self.batcher.max_wait_ms / 1e3
         cutoff = math.inf if self.timeout_s is None else self.t0 + self.timeout_s
@@ -246,7 +263,14 @@ class _Run:
                 if remaining <= 0:
                     break
                 cond.wait(min(remaining, cutoff - now))
-            return [queue.popleft() for _ in range(min(top, len(queue)))]
+            batch = [queue.popleft() for _ in range(min(top, len(queue)))]
+            start, number = clock(), self.batches
+            self.batches += 1
+            for i in batch:
+                self.start[i], self.batch_of[i] = start, number
+            if queue:
+                cond.notify()
+            return batch
 
     def serve(self) -> None:
         """Run batches as the policy starts them, stamping each request's batch start and completion."""
@@ -254,13 +278,10 @@ class _Run:
         try:
             while (batch := self._next_batch()) is not None:
                 n = len(batch)
-                bucket = self.bucket_of[n]
-                start = clock()
-                call(bucket)
+                call(self.bucket_of[n])
                 done = clock()
                 for i in batch:
-                    self.start[i], self.done[i], self.size[i] = start, done, n
-                self.batches += 1
+                    self.done[i], self.size[i] = done, n
         except BaseException as exc:
             self._fail(exc)
 
@@ -272,10 +293,10 @@ class _Run:
             self.cond.notify_all()
 
     def run(self) -> float:
-        """Start both threads with the schedule's zero just ahead and wait for them; the wall seconds."""
-        threads = [
-            threading.Thread(target=self.generate, name="pareto-load-generator", daemon=True),
-            threading.Thread(target=self.serve, name="pareto-load-batcher", daemon=True),
+        """Start the threads with the schedule's zero just ahead and wait for them; the wall seconds."""
+        threads = [threading.Thread(target=self.generate, name="pareto-load-generator", daemon=True)] + [
+            threading.Thread(target=self.serve, name=f"pareto-load-instance-{k}", daemon=True)
+            for k in range(self.batcher.instances)
         ]
         started: list[threading.Thread] = []
         self.t0 = time.perf_counter() + _LEAD_S
@@ -390,6 +411,7 @@ def _result(run: _Run, times: np.ndarray, batcher: Batcher, confidence: float, s
         start_s=np.asarray(run.start[:completed]) - run.t0,
         done_s=done[:completed],
         batch=np.asarray(run.size[:completed]),
+        batch_id=np.asarray(run.batch_of[:completed]),
     )
     summary = summarize_requests(requests.latency_s, confidence=confidence, batch=requests.batch, warmup=skip)
     lag_ms = float(np.quantile(issue[:issued] - times[:issued], 0.99)) * 1e3
@@ -450,8 +472,11 @@ def _reason(
 
 def _method(batcher: Batcher, skip: int, spin_s: float) -> str:
     issue = f"sleep, then spin the last {spin_s * 1e3:g} ms" if spin_s else "sleeping until each arrival"
+    servers = (
+        "a batcher thread" if batcher.instances == 1 else f"{batcher.instances} batcher threads (one per instance)"
+    )
     return (
-        f"a generator thread issues Poisson requests on schedule ({issue}) to a batcher thread "
+        f"a generator thread issues Poisson requests on schedule ({issue}) to {servers} "
         f"({batcher.describe()}, threading.Condition) that "
         f"calls the model at the batch's bucket; latency = completion − scheduled arrival (time.perf_counter), "
         f"so Python's thread wake-ups and the GIL are included (switch interval {SWITCH_INTERVAL_S * 1e6:g} µs, "

@@ -6,6 +6,7 @@ verdict and never this module's dependencies.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -71,15 +72,11 @@ def order_statistic_bounds(samples: ArrayLike, q: float, confidence: float = DEF
         ValueError: no samples, a NaN sample, or ``q`` / ``confidence`` outside (0, 1).
     """
     import numpy as np
-    from scipy.stats import binom  # here, not at import: scipy.stats costs about a second to import
 
     values = np.sort(np.asarray(samples, dtype=float).ravel())
     _check(values, q, confidence)
     n = values.size
-    alpha = 1.0 - confidence
-    cdf = binom.cdf(np.arange(n + 1), n, q)
-    lower_rank = int(np.searchsorted(cdf, alpha, side="right"))
-    upper_rank = int(np.searchsorted(cdf, confidence, side="left")) + 1
+    lower_rank, upper_rank = _order_ranks(n, q, confidence)
     return PercentileEstimate(
         q=q,
         value=float(np.quantile(values, q, method="inverted_cdf")),
@@ -87,6 +84,20 @@ def order_statistic_bounds(samples: ArrayLike, q: float, confidence: float = DEF
         upper=float(values[upper_rank - 1]) if upper_rank <= n else math.inf,
         confidence=confidence,
     )
+
+
+@functools.lru_cache(maxsize=1024)
+def _order_ranks(n: int, q: float, confidence: float) -> tuple[int, int]:
+    """The 1-based ranks ``(l, u)`` of ``order_statistic_bounds`` for ``n`` samples: they depend on
+    ``n``, ``q`` and the confidence only, and a search asks for the same few thousand times (the
+    binomial CDF over ``n + 1`` points costs milliseconds a call)."""
+    import numpy as np
+    from scipy.stats import binom  # here, not at import: scipy.stats costs about a second to import
+
+    cdf = binom.cdf(np.arange(n + 1), n, q)
+    lower_rank = int(np.searchsorted(cdf, 1.0 - confidence, side="right"))
+    upper_rank = int(np.searchsorted(cdf, confidence, side="left")) + 1
+    return lower_rank, upper_rank
 
 
 def between_round_bounds(

@@ -17,6 +17,7 @@ from pareto.limits import Constraints, Limits, evaluate
 from pareto.measure.roofline import load_profile
 from pareto.store.engine import read_engine
 from pareto.store.reads import reading
+from pareto.tasks.source import score_name
 
 
 @dataclass
@@ -48,6 +49,11 @@ class ReportData:
     ceilings: dict[str, Ceilings | str] = field(default_factory=dict)
     #: the study's nightly runs in this environment, oldest first (``pareto history``'s rows)
     nightly: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def score(self) -> str:
+        """What the accuracy figures are: "accuracy", "macro-F1" or "fidelity" (``score_name``)."""
+        return score_name(self.task)
 
     @property
     def focus(self) -> dict[str, Any] | None:

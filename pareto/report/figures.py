@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from pareto.errors import UsageError
 from pareto.metrics import METHOD_SEPARATOR
 from pareto.report.data import Ceilings, ReportData, escape, trial_status
+from pareto.store.records import NightStatus
 from pareto.units import format_ms
 
 if TYPE_CHECKING:
@@ -252,7 +253,7 @@ def _slo_lines(ax: Axes, data: ReportData, *, accuracy: bool) -> None:
         ax.axvline(c.p99_ms, color=_PICK_COLOR, linestyle="--", linewidth=1.2, label=f"P99 SLO {format_ms(c.p99_ms)}")
     if accuracy and c.min_accuracy is not None:
         ax.axhline(
-            c.min_accuracy, color="#7b3294", linestyle="--", linewidth=1.2, label=f"accuracy ≥ {c.min_accuracy:g}"
+            c.min_accuracy, color="#7b3294", linestyle="--", linewidth=1.2, label=f"{data.score} ≥ {c.min_accuracy:g}"
         )
 
 
@@ -278,7 +279,7 @@ def _pareto_figure(data: ReportData, fig: Figure) -> tuple[str, str]:
     slo = [data.constraints.p99_ms] if data.constraints.p99_ms is not None else []
     _axis_scale(ax, np.append(x, slo), "x")
     ax.set_xlabel(f"P99 upper bound (ms, {_confidence(data)} one-sided)")
-    ax.set_ylabel("accuracy")
+    ax.set_ylabel(data.score)
     ax.grid(True, which="major", alpha=0.3)
     _legend(ax)
     _mark(ax, data, lambda r: (r["metrics"].get("latency_p99_upper_ms"), r["metrics"]["accuracy"]))
@@ -665,7 +666,7 @@ def _history_figure(data: ReportData, fig: Figure) -> tuple[str, str]:
     ax.plot(xs, series("level_ms"), color=_STATUS["meets"][0], linewidth=1, drawstyle="steps-mid")
     ax.plot(xs, series("p99_ms"), "o", color=_STATUS["misses"][0], label="P99 as measured")
     ax.plot(xs, series("corrected_p99_ms"), "o-", color=_PICK_COLOR, label="P99 at the machine's usual speed")
-    bad = [i for i, r in enumerate(nights) if r["status"] == "regression"]
+    bad = [i for i, r in enumerate(nights) if r["status"] == NightStatus.REGRESSION]
     if bad:
         ax.plot(xs[bad], series("corrected_p99_ms")[bad], "x", color=_BASELINE_COLOR, markersize=11, label="regression")
     for i, r in enumerate(nights):

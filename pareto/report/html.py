@@ -24,6 +24,7 @@ from pareto.report.data import ReportData, escape, load_data, trial_status
 from pareto.report.figures import ReportFigure, draw_all
 from pareto.report.tables import capacity_words
 from pareto.report.traffic import traffic_drawers
+from pareto.slo import within
 from pareto.units import format_bytes, format_ms
 
 #: What to install when matplotlib is missing.
@@ -255,7 +256,7 @@ def _pick_card(data: ReportData) -> str:
     verdict = slo.get("p99_verdict")
     rows = [
         ("configuration", escape(_describe(focus))),
-        ("accuracy", escape(accuracy)),
+        (data.score, escape(accuracy)),
         ("P99 and bound", p99),
         (
             "p50 / p90 / p99.9",
@@ -293,7 +294,7 @@ def _at_rate(focus: dict[str, Any]) -> list[tuple[str, str]]:
     load, slo = focus.get("load_run"), (focus.get("slo") or {}).get("p99_ms")
     if load:
         upper = load.get("p99_upper_ms")
-        verdict = "meets" if load["valid"] and upper is not None and slo and upper <= slo else "misses"
+        verdict = "meets" if load["valid"] and within(upper, slo) else "misses"
         valid = f"{verdict} {format_ms(slo)}" if load["valid"] else f"not valid: {str(load.get('reason')).rstrip('.')}"
         runs = f" over {load['replications']} runs" if load.get("replications", 1) > 1 else ""
         said = (
@@ -355,7 +356,7 @@ def _frontier_table(data: ReportData) -> str:
     if not data.front:
         return '<h2>Frontier</h2><p class="skipped">No trial has every objective measured: the frontier is empty.</p>'
     head = (
-        "<tr><th>trial</th><th>configuration</th><th>accuracy</th><th>p50</th><th>p99</th><th>p99 ≤</th>"
+        f"<tr><th>trial</th><th>configuration</th><th>{escape(data.score)}</th><th>p50</th><th>p99</th><th>p99 ≤</th>"
         "<th>throughput/s</th><th>memory</th><th>compression</th><th>speedup p99</th><th>SLO</th></tr>"
     )
     picked = data.pick["trial"] if data.pick else None

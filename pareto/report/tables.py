@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, Group
@@ -14,13 +15,17 @@ from rich.text import Text
 
 from pareto.metrics import LOAD_RUN, METHOD_SEPARATOR, served_capacity
 from pareto.naming import describe_config
-from pareto.store.records import TrialState
+from pareto.store.records import NightStatus, TrialState
+from pareto.tasks.source import score_name
 from pareto.units import format_bytes, format_ms
 
 if TYPE_CHECKING:
     from pareto.front import Candidate
     from pareto.study.confirmation import ConfirmResult
     from pareto.study.search import TrialOutcome
+
+#: A nightly status as the tables colour it (by its stored string); any other status is yellow.
+_NIGHT_COLOURS = {NightStatus.OK.value: "green", NightStatus.REGRESSION.value: "red"}
 
 
 def _ratio(value: float | None) -> str:
@@ -59,8 +64,10 @@ def frontier_table(
         at = shown.index(("p99 ≤", "right")) + 1 if ("p99 ≤", "right") in shown else len(shown) - 1
         shown[at:at] = [(f"req p99 ≤ @{traffic:,.4g}/s", "right"), ("capacity/s", "right")]
     table = Table(title=title, title_justify="left")
+    score = score_label(rows[0]["metrics"]) if rows else "accuracy"
     for name, justify in shown:
-        table.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
+        header = score if name == "accuracy" else name  # fidelity, macro-F1: what the column holds
+        table.add_column(header, justify=justify, overflow="fold")  # type: ignore[arg-type]
     for r in rows:
         m, slo = r["metrics"], r.get("slo") or {}
         feasible = slo.get("feasible")
@@ -113,13 +120,14 @@ def best_card(pick: dict[str, Any]) -> Panel:
     grid.add_column()
     grid.add_row("study / trial", f"{pick['study']} / {pick['trial']}")
     grid.add_row("configuration", _describe(pick))
-    grid.add_row("accuracy", _accuracy(m))
+    score = score_label(m)
+    grid.add_row(score, _accuracy(m))
     delta = m.get("accuracy_delta")
     if slo.get("min_accuracy") is None and delta is not None and delta < -0.01:
         grid.add_row(
             "",
             Text(
-                f"warning: {-delta:.4f} below the baseline and no accuracy floor was set; "
+                f"warning: {-delta:.4f} below the baseline and no {score} floor was set; "
                 "pass --min-accuracy to bound the loss",
                 style="yellow",
             ),
@@ -138,7 +146,7 @@ def best_card(pick: dict[str, Any]) -> Panel:
         f"{_ratio(m.get('speedup_p99'))} p99",
     )
     traffic_rows(grid, pick)
-    grid.add_row("SLO", _slo_text(slo))
+    grid.add_row("SLO", _slo_text(slo, score))
     grid.add_row("confirmed", _confirmation_text(pick.get("confirmation")))
     grid.add_row("method", _latency_method(m))
     grid.add_row("environment", _environment(env))
@@ -166,7 +174,8 @@ def traffic_rows(grid: Table, pick: dict[str, Any]) -> None:
             "load run",
             f"request P99 {format_ms(load['p99_ms'])} (≤ {format_ms(load.get('p99_upper_ms'))}) at "
             f"{load['qps']:,.4g}/s, {load['requests']} requests{runs}, max batch {load['max_batch']}, wait "
-            f"{format_ms(load['max_wait_ms'])}{_threads(load.get('threads'))}, {kept}, {valid}",
+            f"{format_ms(load['max_wait_ms'])}{_instances(load.get('instances'))}{_threads(load.get('threads'))}, "
+            f"{kept}, {valid}",
         )
 
 
@@ -174,19 +183,29 @@ def _threads(count: int | None) -> str:
     return f", {count} intra-op thread{'s' if count != 1 else ''}" if count else ""
 
 
+def _instances(count: int | None) -> str:
+    """ ", 2 model instances" beside a batcher served by more than one (one says nothing, as before)."""
+    return f", {count} model instances" if count and count > 1 else ""
+
+
 def capacity_words(m: dict[str, Any]) -> str:
     """The capacity a rate is judged by, its source and batcher, and the simulated one beside a load-run one."""
     simulated = m.get("capacity_qps")
     sim = (
         f"{simulated:,.0f} requests/s simulated, not load-run (max batch {m['capacity_max_batch']}, wait "
-        f"{format_ms(m['capacity_max_wait_ms'])}{_threads(m.get('serve_threads'))})"
+        f"{format_ms(m['capacity_max_wait_ms'])}{_instances(m.get('serve_instances'))}"
+        f"{_threads(m.get('serve_threads'))})"
         if simulated
         else "none simulated: its requests miss the SLO even at the lowest rate tried"
     )
     load = m.get("load_capacity_qps")
     if load is None:
         return sim
-    batcher = f"max batch {m.get('load_capacity_max_batch')}, wait {format_ms(m.get('load_capacity_max_wait_ms'))}"
+    batcher = (
+        f"max batch {m.get('load_capacity_max_batch')}, wait {format_ms(m.get('load_capacity_max_wait_ms'))}"
+        f"{_instances(m.get('load_capacity_instances') or m.get('serve_instances'))}"
+        f"{_threads(m.get('load_capacity_threads'))}"
+    )
     found = f"{load:,.0f} requests/s load-run ({batcher})" if load else "none load-run: no rate tried met the SLO"
     return f"{found}; {sim}"
 
@@ -246,13 +265,18 @@ def _accuracy(m: dict[str, Any]) -> str:
     return f"{m['accuracy']:.4f}" + ("" if delta is None else f"  ({delta:+.4f} vs baseline)")
 
 
-def _slo_text(slo: dict[str, Any]) -> str:
+def score_label(metrics: Mapping[str, object]) -> str:
+    """What the accuracy figure is, as a read stores it beside the metrics: "accuracy", "macro-F1", "fidelity"."""
+    return str(metrics.get("accuracy_metric") or "accuracy")
+
+
+def _slo_text(slo: dict[str, Any], score: str = "accuracy") -> str:
     parts = []
     if slo.get("p99_ms") is not None:
         rate = f" at {slo['qps']:,.4g} requests/s" if slo.get("qps") else ""
         parts.append(f"P99 ≤ {format_ms(slo['p99_ms'])}{rate}: {slo.get('p99_verdict')}")
     if slo.get("min_accuracy") is not None:
-        parts.append(f"accuracy ≥ {slo['min_accuracy']:g}")
+        parts.append(f"{score} ≥ {slo['min_accuracy']:g}")
     if slo.get("max_memory_bytes") is not None:
         parts.append(f"parameters ≤ {format_bytes(slo['max_memory_bytes'])}")
     return "; ".join(parts) or "none"
@@ -281,6 +305,7 @@ class ProgressReporter:
         self.timeout_s: float | None = None
         self.done = 0
         self.total = 0
+        self.score = "accuracy"  # what the accuracy figure is (``start`` reads it from the task)
 
     def __enter__(self) -> ProgressReporter:
         if self.enabled:
@@ -296,6 +321,7 @@ class ProgressReporter:
 
     def start(self, *, study: str, task: str, n_trials: int, timeout_s: float | None, stored: int) -> None:
         self.total, self.timeout_s, self.started = n_trials, timeout_s, time.monotonic()
+        self.score = score_name(task)
         resumed = f", continuing after {stored} stored trial{'s' if stored != 1 else ''}" if stored else ""
         self._print(
             f"Study [bold]{escape(study)}[/] on task [bold]{escape(task)}[/]: {n_trials} new configuration"
@@ -307,7 +333,7 @@ class ProgressReporter:
         self._print(f"[yellow]{escape(message)}[/]")
 
     def trial_done(self, outcome: TrialOutcome, best: Candidate | None) -> None:
-        self._print(_trial_line(outcome))
+        self._print(_trial_line(outcome, self.score))
         # a repeat, or nothing measured: not one of the --n-trials
         if outcome.state in (TrialState.DUPLICATE, TrialState.BUSY):
             return
@@ -315,7 +341,7 @@ class ProgressReporter:
         if best is not None:
             bm = best.metrics
             self.best_line.plain = (
-                f"best feasible so far: trial {best.trial} {best.description}, accuracy {bm['accuracy']:.4f}, "
+                f"best feasible so far: trial {best.trial} {best.description}, {self.score} {bm['accuracy']:.4f}, "
                 f"P99 ≤ {format_ms(bm['latency_p99_upper_ms'])}"
             )
             self.best_line.style = "green"
@@ -340,7 +366,11 @@ class ProgressReporter:
             self.console.print(message)
 
 
-def _trial_line(outcome: TrialOutcome) -> str:
+#: The progress line's short name for each score.
+_SHORT = {"accuracy": "acc", "macro-F1": "F1", "fidelity": "fid"}
+
+
+def _trial_line(outcome: TrialOutcome, score: str = "accuracy") -> str:
     """One line per finished trial; the contention guard's discarded rounds are said, a busy trial too."""
     head = f"trial {outcome.number:>3}  "
     if outcome.state == TrialState.FAILED:
@@ -357,7 +387,7 @@ def _trial_line(outcome: TrialOutcome) -> str:
         return head + f"{escape(outcome.description)}  [dim]({note})[/]"
     m = outcome.metrics
     line = (
-        f"{head}{escape(outcome.description):<58}  acc {m['accuracy']:.4f}  "
+        f"{head}{escape(outcome.description):<58}  {_SHORT.get(score, 'acc')} {m['accuracy']:.4f}  "
         f"p50 {format_ms(m['latency_p50_ms'])}  p99 {format_ms(m['latency_p99_ms'])} "
         f"(≤ {format_ms(m.get('latency_p99_upper_ms'))})"
     )
@@ -502,7 +532,7 @@ def measure_card(card: dict[str, Any]) -> Panel:
     grid.add_column(style="bold")
     grid.add_column()
     grid.add_row("configuration", _describe({"config": card["config"]}))
-    grid.add_row("accuracy", _accuracy(m))
+    grid.add_row(score_label(m), _accuracy(m))
     grid.add_row(
         "latency",
         f"p50 {format_ms(m['latency_p50_ms'])}  p90 {format_ms(m['latency_p90_ms'])}  p99 {_p99_text(m)}"
@@ -593,7 +623,8 @@ def nightly_card(summary: dict[str, Any]) -> Group:
     from pareto.drift.history import drift_lines
     from pareto.drift.nightly import corrected_text
 
-    style = {"ok": "green", "regression": "bold red", "noisy": "yellow"}.get(summary["status"], "yellow")
+    status = summary["status"]
+    style = "bold red" if status == NightStatus.REGRESSION else _NIGHT_COLOURS.get(status, "yellow")
     parts: list[Any] = [Text(f"Nightly of study {summary['study']!r}: {summary['status']}", style=style)]
     for change in summary.get("environment_changes") or []:
         parts.append(Text(f"Environment changed: {change}", style="yellow"))
@@ -666,7 +697,7 @@ def history_table(rows: list[dict[str, Any]]) -> Table | Text:
         machine = drift.get("reference_ratio")
         table.add_row(
             r["started_at"][:16].replace("T", " "),
-            Text(r["status"], style={"ok": "green", "regression": "red"}.get(r["status"], "yellow")),
+            Text(r["status"], style=_NIGHT_COLOURS.get(r["status"], "yellow")),
             r["host"],
             r["environment"],
             str(pick["trial"]) if pick else "—",

@@ -61,7 +61,7 @@ def _capacity_front(data: ReportData, fig: Figure) -> tuple[str, str]:
     ax.axvline(rate, color=_PICK_COLOR, linestyle="--", linewidth=1.2, label=f"the study's rate {rate:,.4g}/s")
     _axis_scale(ax, np.append(x, rate), "x")
     ax.set_xlabel(f"capacity at P99 ≤ {format_ms(data.constraints.p99_ms)} (requests/s)")
-    ax.set_ylabel("accuracy")
+    ax.set_ylabel(data.score)
     ax.grid(True, which="major", alpha=0.3)
     _legend(ax)
     _mark(ax, data, lambda r: (_capacity(r["metrics"]), r["metrics"]["accuracy"]))

@@ -319,8 +319,9 @@ class TechniqueCheck(Base):
 
     ``kind``: "runs" (the technique alone built on the task's model and ran one forward; ``reason`` says
     why not) or "pays" (the lever probe: the technique on a layer of the task's widths, timed beside
-    float32; ``details`` holds the timings). ``config_key`` is the configuration that was checked, so a
-    check is taken again when the space's parameters change.
+    float32; ``details`` holds the timings) or "leave" (a layer a trial's failure was traced to:
+    ``details["layer"]``, which the technique leaves alone for the rest of the study). ``config_key`` is
+    the configuration that was checked, so a check is taken again when the space's parameters change.
     """
 
     __tablename__ = "pareto_technique_checks"

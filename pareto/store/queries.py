@@ -25,6 +25,7 @@ from pareto.store.models import (
     Study,
     Trial,
 )
+from pareto.tasks.source import score_name
 
 if TYPE_CHECKING:
     from pareto.machine import HardwareProfile
@@ -197,6 +198,7 @@ def candidates(
     }
     result = []
     loads = _load_runs(session, study) if any(m.scenario for m in chosen.values()) else {}
+    score = score_name(study.task)
     for m in chosen.values():
         base = by_run.get((m.run_id, m.batch_size)) if m.run_id is not None else None
         basis = "same run" if base is not None else None
@@ -204,6 +206,7 @@ def candidates(
             base = latest_base.get((m.environment_id, m.batch_size))
             basis = "another run" if base is not None else None
         candidate = _candidate(study.name, m, base, basis, environments[m.environment_id])
+        candidate.metrics["accuracy_metric"] = score  # what the accuracy column holds (fidelity, macro-F1)
         candidate.load_run = loads.get((m.trial_id, m.environment_id))
         result.append(candidate)
     return result
@@ -223,8 +226,8 @@ def _load_runs(session: Session, study: Study) -> dict[tuple[int, int], dict[str
 def _baselines(
     session: Session, study: Study, environment: Environment | None
 ) -> tuple[dict[tuple[int | None, int], Measurement], dict[tuple[int, int], Measurement]]:
-    """The baseline measurements speedups divide by: the first of each run, and the latest of each
-    environment, per batch size."""
+    """The baseline measurements speedups divide by: the first of each run, and the latest answered from
+    (preferred: a noisy night's held re-measurement is not) of each environment, per batch size."""
     query = (
         select(Measurement)
         .join(Trial, Trial.id == Measurement.trial_id)
@@ -237,7 +240,8 @@ def _baselines(
     latest: dict[tuple[int, int], Measurement] = {}
     for m in session.scalars(query).all():
         by_run.setdefault((m.run_id, m.batch_size), m)
-        latest[(m.environment_id, m.batch_size)] = m  # id order: the last one is the latest
+        if m.preferred:
+            latest[(m.environment_id, m.batch_size)] = m  # id order: the last one is the latest
     return by_run, latest
 
 

@@ -13,7 +13,14 @@ from enum import Enum
 from typing import Any
 
 
-class TrialState(str, Enum):
+class _Stored(str, Enum):
+    """An enum whose values are the strings a column stores, printed as those strings."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class TrialState(_Stored):
     """A trial's state, as stored in ``pareto_trials.state`` (the values are the stored strings).
 
     RUNNING; COMPLETE (measured); DUPLICATE (answered from an earlier trial's measurement); FAILED (its
@@ -27,8 +34,27 @@ class TrialState(str, Enum):
     BUSY = "BUSY"
     PRUNED = "PRUNED"
 
-    def __str__(self) -> str:
-        return self.value
+
+class NightStatus(_Stored):
+    """How a nightly ended, as stored in ``pareto_nightly_runs.status`` (the values are the stored strings).
+
+    RUNNING (in progress, or its process died: the next nightly marks it INTERRUPTED); OK (exit 0);
+    REGRESSION (the pick got slower, found again by a second pass: exit 3); NOISY (the machine too busy
+    to conclude, nothing of the night answered from: exit 75); INTERRUPTED (Ctrl-C, SIGTERM or a dead
+    process); FAILED (an error ended it).
+    """
+
+    RUNNING = "running"
+    OK = "ok"
+    REGRESSION = "regression"
+    NOISY = "noisy"
+    INTERRUPTED = "interrupted"
+    FAILED = "failed"
+
+    @property
+    def concluded(self) -> bool:
+        """A night that ended with a verdict or none (ok, regression, noisy): its history counts."""
+        return self in (NightStatus.OK, NightStatus.REGRESSION, NightStatus.NOISY)
 
 
 #: The states of a trial that gave a verdict on its configuration in an environment.

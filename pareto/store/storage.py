@@ -127,15 +127,23 @@ def trial_metrics(engine: Engine, trial_id: int, env_id: int) -> Metrics | None:
 
 
 def set_load_capacity(
-    engine: Engine, measurement_id: int, qps: float, max_batch: int | None, max_wait_ms: float | None
+    engine: Engine,
+    measurement_id: int,
+    qps: float,
+    max_batch: int | None,
+    max_wait_ms: float | None,
+    layout: tuple[int, int] | None = None,
 ) -> None:
     """The capacity load runs found for measurement ``measurement_id`` (0.0: none met the SLO), with the
-    batcher settings they ran; reads judge the configuration at a rate by it from now on."""
+    batcher settings and the serving layout (instances, intra-op threads) they ran; reads judge the
+    configuration at a rate by it from now on. ``layout`` None keeps the stored one."""
     with session_scope(engine) as session:
         m = session.get(Measurement, measurement_id)
         if m is None:
             raise StoreError(f"measurement {measurement_id} is not stored")
         m.load_capacity_qps, m.load_capacity_max_batch, m.load_capacity_max_wait_ms = qps, max_batch, max_wait_ms
+        if layout is not None:
+            m.load_capacity_instances, m.load_capacity_threads = layout
 
 
 def met_rates(engine: Engine, measurement_id: int, slo_ms: float) -> list[float]:

@@ -27,6 +27,7 @@ from pareto.store.models import (
     Trial,
     utcnow,
 )
+from pareto.store.records import NightStatus
 from pareto.store.version import wrote, wrote_nothing
 
 #: The states of a trial that gave a verdict on its configuration in an environment.
@@ -290,7 +291,8 @@ def measured_in(session: Session, trial_id: int, env_id: int) -> bool:
 
 
 def measured_twin(session: Session, study_id: int, env_id: int, key: str, exclude_id: int) -> Measurement | None:
-    """The latest search or confirmation measurement of a completed trial with this configuration here."""
+    """The measurement ``best`` answers from (the preferred one: never a noisy night's held rows) of the
+    latest completed trial with this configuration here."""
     return session.scalars(
         select(Measurement)
         .join(Trial)
@@ -300,6 +302,7 @@ def measured_twin(session: Session, study_id: int, env_id: int, key: str, exclud
             Trial.state == "COMPLETE",
             Measurement.environment_id == env_id,
             Measurement.kind.in_(("search", "confirm")),
+            Measurement.preferred.is_(True),
             Trial.id != exclude_id,
         )
         .order_by(Measurement.id.desc())
@@ -370,7 +373,7 @@ def running_nightly(session: Session, study: str) -> NightlyRun | None:
     return session.scalars(
         select(NightlyRun)
         .join(Study)
-        .where(Study.name == study, NightlyRun.status == "running")
+        .where(Study.name == study, NightlyRun.status == NightStatus.RUNNING.value)
         .order_by(NightlyRun.id.desc())
         .limit(1)
     ).one_or_none()
@@ -379,7 +382,7 @@ def running_nightly(session: Session, study: str) -> NightlyRun | None:
 def nightlies_marked_running(session: Session, study_id: int) -> Sequence[NightlyRun]:
     """The study's nightly runs still marked running (under the study's lock: each one's process died)."""
     return session.scalars(
-        select(NightlyRun).where(NightlyRun.study_id == study_id, NightlyRun.status == "running")
+        select(NightlyRun).where(NightlyRun.study_id == study_id, NightlyRun.status == NightStatus.RUNNING.value)
     ).all()
 
 
@@ -387,7 +390,7 @@ def last_finished_nightly(session: Session, study_id: int) -> NightlyRun | None:
     """The study's latest nightly run that ended (whatever its status), or None."""
     return session.scalars(
         select(NightlyRun)
-        .where(NightlyRun.study_id == study_id, NightlyRun.status != "running")
+        .where(NightlyRun.study_id == study_id, NightlyRun.status != NightStatus.RUNNING.value)
         .order_by(NightlyRun.id.desc())
         .limit(1)
     ).one_or_none()
@@ -401,7 +404,7 @@ def nightly_summaries(session: Session, study_id: int, environment_id: int) -> l
         .where(
             NightlyRun.study_id == study_id,
             NightlyRun.environment_id == environment_id,
-            NightlyRun.status.in_(("ok", "regression", "noisy")),
+            NightlyRun.status.in_([s.value for s in NightStatus if s.concluded]),
         )
         .order_by(NightlyRun.id)
     ).all()

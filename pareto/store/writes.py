@@ -18,7 +18,7 @@ from pareto.store import trials
 from pareto.store.engine import session_scope
 from pareto.store.models import NightlyRun, Study, utcnow
 from pareto.store.reads import Reader, study_record
-from pareto.store.records import NightlyRecord, StudyRecord
+from pareto.store.records import NightlyRecord, NightStatus, StudyRecord
 
 #: The longest study name the database holds (``pareto_studies.name``).
 STUDY_NAME_LENGTH: int = Study.__table__.c.name.type.length  # type: ignore[attr-defined]
@@ -60,7 +60,7 @@ class Writer(Reader):
         dead = []
         for row in trials.nightlies_marked_running(self._session, study_id):
             dead.append(nightly_record(row))
-            row.status, row.finished_at = "interrupted", row.finished_at or utcnow()
+            row.status, row.finished_at = NightStatus.INTERRUPTED.value, row.finished_at or utcnow()
             row.summary = {**(row.summary or {}), "interrupted": note}
         return dead
 
@@ -73,7 +73,7 @@ class Writer(Reader):
         """A nightly's history entry, running; its id."""
         row = NightlyRun(
             study_id=study_id,
-            status="running",
+            status=NightStatus.RUNNING.value,
             environment_id=environment_id,
             hostname=hostname,
             pid=pid,

@@ -15,6 +15,7 @@ from pareto.errors import BaselineFailed, MachineBusy, TechniqueError, Transient
 from pareto.measure.roofline import achieved_fraction, ceiling_suspect, roofline_bound_ms
 from pareto.measure.roofline import regime as regime_of
 from pareto.metrics import METHOD_SEPARATOR, Metrics
+from pareto.study.layers import tracing_layers
 from pareto.study.traffic import method as method_at_traffic
 from pareto.study.traffic import served_call, served_service, service_times, traffic_fields
 
@@ -287,42 +288,43 @@ def assess(
 
     with device_memory(config, device):
         served, compress_s = build_served(task, config, device, threads)
-    compile_s = served.compile_s
-    t1 = time.perf_counter()
-    plan = dataclasses.replace(round_plan(measure, slo_ms), reject_above_ms=reject_above_ms)
-    try:
+    with tracing_layers(served):  # a failure from here on names the layer it came from
+        compile_s = served.compile_s
+        t1 = time.perf_counter()
+        plan = dataclasses.replace(round_plan(measure, slo_ms), reject_above_ms=reject_above_ms)
+        try:
+            with device_memory(config, device):
+                latency = measure_latency(
+                    served.module,
+                    timed_inputs(task, config.batch_size),
+                    device=device,
+                    plan=plan,
+                    threads=threads,
+                    probe=probe,
+                    ready=served.ready,
+                )
+        except (UsageError, TechniqueError, MachineBusy):  # the timing lock's holder never let go: BUSY, no verdict
+            raise
+        except Exception as exc:  # a compressed model that cannot run fails its trial, reason kept
+            raise TechniqueError(f"{config.describe()} could not be measured: {type(exc).__name__}: {exc}") from exc
+        latency_s = time.perf_counter() - t1
+        if latency.rejected:
+            raise Rejected(latency, compress_s, compile_s)
         with device_memory(config, device):
-            latency = measure_latency(
-                served.module,
-                timed_inputs(task, config.batch_size),
+            result = complete(
+                task,
+                config,
+                served,
+                latency,
                 device=device,
-                plan=plan,
                 threads=threads,
-                probe=probe,
-                ready=served.ready,
+                measure=measure,
+                slo_ms=slo_ms,
+                profile=profile,
+                baseline_theoretical_bytes=baseline_theoretical_bytes,
+                traffic=traffic,
+                seed=seed,
             )
-    except (UsageError, TechniqueError, MachineBusy):  # the timing lock's holder never let go: BUSY, no verdict
-        raise
-    except Exception as exc:  # a compressed model that cannot run fails its trial, reason kept
-        raise TechniqueError(f"{config.describe()} could not be measured: {type(exc).__name__}: {exc}") from exc
-    latency_s = time.perf_counter() - t1
-    if latency.rejected:
-        raise Rejected(latency, compress_s, compile_s)
-    with device_memory(config, device):
-        result = complete(
-            task,
-            config,
-            served,
-            latency,
-            device=device,
-            threads=threads,
-            measure=measure,
-            slo_ms=slo_ms,
-            profile=profile,
-            baseline_theoretical_bytes=baseline_theoretical_bytes,
-            traffic=traffic,
-            seed=seed,
-        )
     result.compress_s, result.compile_s, result.latency_s = compress_s, compile_s, latency_s
     return result
 
@@ -515,7 +517,9 @@ def _at_traffic(
         for row in rows:
             row["served_mean_ms"] = service.mean_s(row["batch"]) * 1e3
             row["served_after_idle_mean_ms"] = service.idle_mean_s(row["batch"]) * 1e3
-    fields = traffic_fields(service, config.batch_size, traffic, slo_ms, seed=seed, confidence=measure.confidence)
+    fields = traffic_fields(
+        service, config.batch_size, traffic, slo_ms, seed=seed, confidence=measure.confidence, served=costs
+    )
     if costs is None:
         return {**fields, "service_curve": rows}
     return {
@@ -523,6 +527,7 @@ def _at_traffic(
         "service_curve": rows,
         "serving_runs": [r.to_dict() for r in costs.runs],
         "serve_threads": costs.threads,
+        "serve_instances": costs.instances,
     }
 
 

@@ -142,6 +142,7 @@ MACHINE_FIELDS = (
     # at a request rate: what serving runs and load runs found on the machine they ran on
     "serving_runs",
     "serve_threads",
+    "serve_instances",
     "load_capacity_qps",
     "load_capacity_max_batch",
     "load_capacity_max_wait_ms",

@@ -3,6 +3,7 @@ batcher, requests sent on the simulation's schedule by a generator thread (``par
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from pareto.front import select_best
 from pareto.locks import gpu_work, timing_lock
 from pareto.measure.load import LoadRun, load_run
 from pareto.measure.queue import Batcher, poisson_arrivals, pool_replications, replica_seed
+from pareto.slo import within
 from pareto.spec import Traffic
 from pareto.store import storage
 from pareto.study.assess import build_served
@@ -34,8 +36,9 @@ if TYPE_CHECKING:
 
 class Target:
     """A stored configuration built once and served for load runs: its batch calls, its batcher settings
-    (those given, else the simulation's choice at the study's rate), its intra-op threads (the serving
-    runs' choice) and where each run is stored."""
+    (those given, else the simulation's choice at the study's rate), its serving layout (the model
+    instances and intra-op threads its load-run capacity was found in, else the serving runs' choice) and
+    where each run is stored."""
 
     def __init__(
         self, bench: Bench, candidate: Candidate, batcher: Batcher | None = None, *, min_s: float = 1.0
@@ -47,10 +50,23 @@ class Target:
         m = candidate.metrics
         self.bench, self.candidate, self.description = bench, candidate, config.describe()
         self.min_s = min_s  # the shortest schedule of one run (``traffic.load_min_s``)
-        self.threads = int(m.get("serve_threads") or bench.threads)  # as the serving runs chose
+        self.threads = int(m.get("load_capacity_threads") or m.get("serve_threads") or bench.threads)
         self._probe: ContentionProbe | None = None  # the contention guard's, made at the first run
-        self.batcher = batcher or Batcher(max_batch=int(m["max_batch"]), max_wait_ms=float(m["max_wait_ms"]))
+        instances = int(m.get("load_capacity_instances") or m.get("serve_instances") or 1)
+        self.batcher = batcher or Batcher(int(m["max_batch"]), float(m["max_wait_ms"]))
+        self.batcher = dataclasses.replace(self.batcher, instances=instances)
         self.call = served_call(served, bench.task, self.batcher.max_batch, bench.device)
+
+    @property
+    def layout(self) -> tuple[int, int]:
+        """The serving layout the runs use: (model instances, intra-op threads each)."""
+        return self.batcher.instances, self.threads
+
+    def use_layout(self, layout: tuple[int, int]) -> None:
+        """Serve the next runs in ``layout`` (the same built model, called from more batcher threads or at
+        another thread count)."""
+        self.batcher = dataclasses.replace(self.batcher, instances=layout[0])
+        self.threads = layout[1]
 
     def run(
         self, rate: float, requests: int, *, seed: int, run_id: int | None, replications: int = 1
@@ -219,7 +235,7 @@ def combine_runs(runs: list[LoadRun], rate: float, replications: int) -> dict[st
         "call_ms": {b: float(np.mean(v)) for b, v in calls.items()},
         "elapsed_s": sum(r.elapsed_s for r in runs),
         "method": f"{first.method}; {replications} independent runs on their own seeded schedules, stopped at "
-        "the first that did not count, the P99 bound the pooled P99 + t(confidence, R-1) × the runs' P99 "
+        "the first that did not count, the P99 bound the pooled P99 + t((1 + confidence) / 2, R-1) × the runs' P99 "
         "standard deviation / √R",
         "runs": [{k: r.to_dict()[k] for k in _RUN_KEYS} for r in runs],
     }
@@ -234,8 +250,7 @@ def _load_timeout(arrivals: Any) -> float:
 
 
 def load_meets(load: dict[str, Any], slo_ms: float) -> bool:
-    upper = load.get("p99_upper_ms")
-    return bool(load["valid"]) and upper is not None and upper <= slo_ms
+    return bool(load["valid"]) and within(load.get("p99_upper_ms"), slo_ms)
 
 
 def describe_load(load: dict[str, Any], slo_ms: float) -> str:
@@ -283,7 +298,8 @@ def served_batcher(candidate: Candidate) -> Batcher | None:
     m = candidate.metrics
     if m.get("load_capacity_qps") is None or m.get("load_capacity_max_batch") is None:
         return None
-    return Batcher(max_batch=int(m["load_capacity_max_batch"]), max_wait_ms=float(m["load_capacity_max_wait_ms"]))
+    instances = int(m.get("load_capacity_instances") or m.get("serve_instances") or 1)
+    return Batcher(int(m["load_capacity_max_batch"]), float(m["load_capacity_max_wait_ms"]), instances)
 
 
 def demote(bench: Bench, candidate: Candidate, rate: float, slo_ms: float) -> float:
@@ -314,8 +330,10 @@ def find_load_capacity(
     run_id: int | None = None,
 ) -> tuple[float | None, Batcher, list[dict[str, Any]]]:
     """The capacity load runs find for ``candidate`` (bisection on the rate around its simulated capacity,
-    with the batcher the simulation chose there, ``traffic.load_replications`` runs per rate), stored as
-    its load-run capacity (0.0 when no rate met the SLO): the rate (None: none met), the batcher, the runs.
+    with the batcher and serving layout the simulation chose there, ``traffic.load_replications`` runs per
+    rate; then the other layouts its serving runs tried challenge it: ``_challenge_layouts``), stored as
+    its load-run capacity (0.0 when no rate met the SLO) with the layout that reached it: the rate (None:
+    none met), the batcher (its instances the layout's), the runs.
 
     Raises:
         UsageError: the configuration has no simulated capacity to search around.
@@ -325,27 +343,88 @@ def find_load_capacity(
         raise UsageError(
             f"Trial {candidate.trial} has no simulated capacity within {format_ms(slo_ms)} to search around."
         )
-    batcher = Batcher(max_batch=int(m["capacity_max_batch"]), max_wait_ms=float(m["capacity_max_wait_ms"]))
     simulated = float(m["capacity_qps"])
-    found, runs = Target(bench, candidate, batcher, min_s=traffic.load_min_s).capacity(
-        slo_ms,
-        0.8 * simulated,
-        1.25 * simulated,
-        requests=requests or traffic.load_requests,
-        seed=traffic.seed,
-        replications=traffic.load_replications,
-        run_id=run_id,
-    )
+    target = Target(bench, candidate, min_s=traffic.load_min_s)
+    target.batcher = Batcher(int(m["capacity_max_batch"]), float(m["capacity_max_wait_ms"]))
+    target.use_layout((int(m.get("serve_instances") or 1), int(m.get("serve_threads") or bench.threads)))
+    plan = RunPlan(requests or traffic.load_requests, traffic.seed, traffic.load_replications, run_id)
+    found, runs = target.capacity(
+        slo_ms, 0.8 * simulated, 1.25 * simulated,
+        requests=plan.requests, seed=plan.seed, replications=plan.replications, run_id=plan.run_id,
+    )  # fmt: skip
+    found = _challenge_layouts(target, slo_ms, found, simulated, runs, plan)
+    batcher = target.batcher
     assert candidate.measurement_id is not None
     storage.set_load_capacity(
-        bench.engine, candidate.measurement_id, found or 0.0, batcher.max_batch, batcher.max_wait_ms
+        bench.engine, candidate.measurement_id, found or 0.0, batcher.max_batch, batcher.max_wait_ms, target.layout
     )
     candidate.metrics.update(
         load_capacity_qps=found or 0.0,
         load_capacity_max_batch=batcher.max_batch,
         load_capacity_max_wait_ms=batcher.max_wait_ms,
+        load_capacity_instances=target.layout[0],
+        load_capacity_threads=target.layout[1],
     )
     return found, batcher, runs
+
+
+#: A serving layout challenging the capacity found is first load-run this much above it.
+CHALLENGE_STEP = 1.1
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """How each rate is load-run: requests per run, the study's seed, runs per rate, the run they belong to."""
+
+    requests: int
+    seed: int
+    replications: int
+    run_id: int | None
+
+
+def _challenge_layouts(
+    target: Target,
+    slo_ms: float,
+    found: float | None,
+    simulated: float,
+    runs: list[dict[str, Any]],
+    plan: RunPlan,
+) -> float | None:
+    """The load runs choose the serving layout as they choose the capacity: each other layout the trial's
+    serving runs tried is load-run at ``CHALLENGE_STEP`` × the capacity found (0.4 × the simulated one
+    when none was); one that meets there has its own capacity found above it (bisection) and, when higher,
+    becomes ``target``'s layout. Its runs join ``runs``; the capacity of the layout kept is returned."""
+    m = target.candidate.metrics
+    tried = {(int(r.get("instances") or 1), int(r["threads"])) for r in m.get("serving_runs") or []}
+    best = target.layout
+    for layout in sorted(tried - {best}):
+        target.use_layout(layout)
+        higher = _capacity_above(target, slo_ms, CHALLENGE_STEP * found if found else 0.4 * simulated, runs, plan)
+        if higher is not None and higher > (found or 0.0):
+            found, best = higher, layout
+    target.use_layout(best)
+    return found
+
+
+def _capacity_above(
+    target: Target, slo_ms: float, start: float, runs: list[dict[str, Any]], plan: RunPlan
+) -> float | None:
+    """None when ``target`` misses ``start``, else the highest rate it meets from there (bisection up to
+    ``CHALLENGE_STEP`` × above, widened by doubling while it meets); each rate run once, into ``runs``."""
+    outcome: dict[float, bool] = {}
+
+    def meets(rate: float) -> bool:
+        if rate not in outcome:
+            load = target.run_checked(
+                rate, plan.requests, seed=plan.seed, run_id=plan.run_id, replications=plan.replications
+            )
+            runs.append(load)
+            outcome[rate] = load_meets(runs[-1], slo_ms)
+        return outcome[rate]
+
+    if not meets(start):
+        return None
+    return bisect_rate(meets, start, CHALLENGE_STEP * start, rel_tol=0.05)
 
 
 def load_study(
@@ -400,6 +479,8 @@ def load_study(
         "load_capacity_qps": found_qps,
         "max_batch": batcher.max_batch,
         "max_wait_ms": batcher.max_wait_ms,
+        "instances": batcher.instances,
+        "threads": candidate.metrics.get("load_capacity_threads"),
         "runs": runs,
     }
 

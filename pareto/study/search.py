@@ -49,6 +49,7 @@ from pareto.store import storage
 from pareto.store.engine import check_path
 from pareto.store.records import NewTrial, TrialState
 from pareto.store.writes import writing
+from pareto.study import layers
 from pareto.study.assess import Rejected, assess, preflight
 from pareto.study.bench import (
     Bench,
@@ -684,7 +685,10 @@ class _Objective:
             raise
 
     def _as_known(self, config: Config) -> Config:
-        """``config``, or the configuration it turned out to be here (a technique in it changed nothing)."""
+        """``config`` with the layers learned to be left alone (``pareto.study.layers``), or the configuration
+        it turned out to be here (a technique in it changed nothing)."""
+        where = (self.bench.engine, self.setup.study_id, self.bench.env_id)
+        config = layers.with_learned(config, layers.learned(*where))
         smaller = storage.same_as_chain(
             self.bench.engine, self.setup.study_id, self.bench.env_id, config.key(), lambda c: Config.from_dict(c).key()
         )
@@ -705,8 +709,12 @@ class _Objective:
 
     def _failed(self, row_id: int, trial: optuna.Trial, config: Config, exc: TechniqueError) -> tuple[float, ...]:
         """The configuration broke here: FAILED, known from now on, told to the sampler as infeasible (the
-        uncompressed model's own failure is a failure: the search stops on it)."""
+        uncompressed model's own failure is a failure: the search stops on it). A failure traced to layers
+        leaves them alone for the rest of the study, said in one line."""
         self._end(row_id, trial, config, exc)
+        if exc.layers:
+            layers.remember(self.bench.engine, self.setup.study_id, self.bench.env_id, exc.layers, str(exc))
+            self.reporter.notice(f"Trial {trial.number}: {layers.said(exc.layers)}")
         if config.is_baseline or isinstance(exc, Transient):  # a failure to Optuna: proposed again, built again
             raise exc
         assert self.last is not None

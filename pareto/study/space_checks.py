@@ -33,12 +33,14 @@ from pareto.errors import MachineBusy, NoEffect, TechniqueError, TimingLockStuck
 from pareto.spec import DEFAULT_CUDA_SPACE, Range, SearchSpec, Space, start_point_problem
 from pareto.store import storage
 from pareto.store.records import CheckRecord
+from pareto.study import layers
 from pareto.task import Task, load_task
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
+    from pareto.measure.probe import ContentionProbe
     from pareto.study.bench import Bench
 
 Techniques = dict[str, dict[str, Any]]
@@ -80,14 +82,43 @@ def serving_backend(name: str, backends: Sequence[Backend]) -> Backend:
     return next(b for b in BACKENDS if b in backends and b in runs_on)
 
 
-def runs_alone(task: Task, config: Config, *, device: str, threads: int | None) -> tuple[str, str | None]:
+#: A pre-flight outcome: "runs", "no effect" or "fails"; why not; the (technique, layer) pairs it learned
+#: to leave alone on the way (``pareto.study.layers``).
+Outcome = tuple[str, str | None, list[list[str]]]
+#: The layers one pre-flight check may learn to leave alone before it gives up.
+LEARN_LAYERS = 4
+
+
+def runs_alone(task: Task, config: Config, *, device: str, threads: int | None) -> Outcome:
     """Whether ``config`` runs on ``task``'s model here: built as a trial builds it, then one forward on the
-    example input, untimed. ``("runs", None)``, ``("no effect", why)`` (a technique that changes nothing
-    at these parameters) or ``("fails", why)``."""
+    example input, untimed. ``("runs", None, learned)``, ``("no effect", why, learned)`` (a technique that
+    changes nothing at these parameters) or ``("fails", why, learned)``. A failure traced to layers the
+    technique replaced (``pareto.study.layers.culprits``) is tried again with them left alone, at most
+    ``LEARN_LAYERS`` times; ``learned`` lists those layers as [technique, layer]."""
+    learned: list[tuple[str, str]] = []
+    first: str | None = None
+    while True:
+        status, why, found = _runs_once(task, config, device, threads)
+        first = first or (why if status == "fails" else None)
+        if status != "fails" or not found or set(found) & set(learned) or len(learned) >= LEARN_LAYERS:
+            # a failure learning did not get past: the first failure says why (the others followed from it)
+            return status, first if status == "fails" else why, [list(pair) for pair in learned]
+        learned += found
+        leave: dict[str, tuple[str, ...]] = {}
+        for technique, layer in learned:
+            leave[technique] = (*leave.get(technique, ()), layer)
+        config = layers.with_learned(config, leave)
+
+
+def _runs_once(
+    task: Task, config: Config, device: str, threads: int | None
+) -> tuple[str, str | None, tuple[tuple[str, str], ...]]:
+    """One build and forward of ``runs_alone``, and the layers a failure was traced to."""
     import torch
 
     from pareto.devices import as_args
 
+    served = None
     try:
         served = apply(task.model, config, task, device=device, threads=threads)
         if served.ready is not None:
@@ -95,12 +126,13 @@ def runs_alone(task: Task, config: Config, *, device: str, threads: int | None) 
         with torch.inference_mode():
             served.module(*as_args(task.example_input(config.batch_size)))
     except NoEffect as exc:
-        return "no effect", str(exc)
+        return "no effect", str(exc), ()
     except TechniqueError as exc:
-        return "fails", str(exc)
+        return "fails", str(exc), ()
     except Exception as exc:  # the user's model under the technique: the reason is the answer
-        return "fails", f"{config.describe()} could not run: {exception_line(exc)}"
-    return "runs", None
+        found = layers.culprits(exc, served) if served is not None else ()
+        return "fails", f"{config.describe()} could not run: {exception_line(exc)}", found
+    return "runs", None, ()
 
 
 @dataclass(frozen=True)
@@ -195,13 +227,17 @@ def lever_speeds(
     backends: Sequence[Backend],
     *,
     threads: int | None,
+    guard: Guard | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Each lever's speed over float32 on the probe layer, per backend of the search it runs on, timed in
-    one interleaved run (``pareto.measure.latency.measure_interleaved``, CPU).
+    one interleaved run (``pareto.measure.latency.measure_interleaved``, CPU), guarded as a trial's rounds
+    are when ``guard`` is given: a round the contention probe finds busy is discarded and timed again, and
+    a lever (or its float32) the machine stayed busy for is not judged on that backend.
 
     Returns:
         ``{lever: {"per_backend": {backend: {"lever_p50_ms", "float_p50_ms", "speedup"}}, "best": speedup or
-        None, "failed": {backend: reason}}}``, with the method under ``"method"`` of each.
+        None, "failed": {backend: reason}, "busy": [backends not judged]}}``, with the method under
+        ``"method"`` of each.
     """
     from pareto.measure.latency import RoundPlan, Timed, measure_interleaved
 
@@ -221,26 +257,56 @@ def lever_speeds(
     calls = _calls(built[("float32", sorted({b for _, b in wanted}, key=BACKENDS.index)[0])], threads)
     plan = RoundPlan(samples=calls, rounds=PROBE_ROUNDS, warmup=PROBE_WARMUP)
     keys = list(built)
-    results = measure_interleaved([built[k] for k in keys], device="cpu", plan=plan, threads=threads, seed=0)
-    p50 = {k: r.summary.p50_ms for k, r in zip(keys, results, strict=True)}
+    probe = guard.probe(threads) if guard is not None else None
+    results = measure_interleaved(
+        [built[k] for k in keys], device="cpu", plan=plan, threads=threads, probe=probe, seed=0
+    )
+    busy = {k for k, r in zip(keys, results, strict=True) if r.busy}
+    p50 = {k: r.summary.p50_ms for k, r in zip(keys, results, strict=True) if k not in busy}
+    for lever, backend in list(p50):  # a lever whose float32 the machine stayed busy for is not judged
+        if ("float32", backend) in busy:
+            p50.pop((lever, backend))
+            busy.add((lever, backend))
     method = f"{results[0].method}; {layer.describe()}, float32 on the same backend timed in the same rounds"
-    return {name: _speeds(name, p50, failed[name], method) for name in levers}
+    return {
+        name: {**_speeds(name, p50, failed[name], method), "busy": sorted(b for n, b in busy if n == name)}
+        for name in levers
+    }
+
+
+@dataclass(frozen=True)
+class Guard:
+    """The contention guard's settings for the lever probe's own process: the environment's quiet probe
+    time and the limit over it (``pareto.measure.probe.ContentionProbe``)."""
+
+    quiet_ms: float | None
+    limit: float
+
+    def probe(self, threads: int | None) -> ContentionProbe:
+        from pareto.measure.probe import ContentionProbe
+
+        return ContentionProbe("cpu", threads=threads, stored_quiet_ms=self.quiet_ms, limit=self.limit)
 
 
 def isolated_lever_speeds(
-    layer: ProbeLayer, levers: dict[str, dict[str, Any]], backends: Sequence[Backend], *, threads: int | None
+    layer: ProbeLayer,
+    levers: dict[str, dict[str, Any]],
+    backends: Sequence[Backend],
+    *,
+    threads: int | None,
+    guard: Guard | None = None,
 ) -> dict[str, dict[str, Any]]:
     """``lever_speeds`` in a process of its own, so that a native crash while building or timing ends the
     probe, not the search (seen while this was written: Inductor code cached by a process held to AVX2,
     loaded by one that may use AMX, aborted it; ``pareto.measure.environment.separate_compiled_code``
     now keeps them apart). When that process dies, each lever is probed alone in a process of its own;
     one whose process dies too is kept (``best`` None, its trials judge it) with the reason."""
-    found = _in_child(layer, levers, backends, threads)
+    found = _in_child(layer, levers, backends, threads, guard=guard)
     if isinstance(found, dict):
         return found
     out = {}
     for name, params in levers.items():
-        alone = _in_child(layer, {name: params}, backends, threads)
+        alone = _in_child(layer, {name: params}, backends, threads, guard=guard)
         crashed = {"per_backend": {}, "best": None, "failed": {"probe": alone}, "method": ""}
         out[name] = alone[name] if isinstance(alone, dict) else crashed
     return out
@@ -258,6 +324,8 @@ def _in_child(
     backends: Sequence[Backend],
     threads: int | None,
     target: Callable[..., None] | None = None,
+    *,
+    guard: Guard | None = None,
 ) -> dict[str, dict[str, Any]] | str:
     """``lever_speeds`` in a spawned process (``target``: ``_probe_child``); its result, or why the process
     gave none."""
@@ -269,7 +337,8 @@ def _in_child(
     with tempfile.TemporaryDirectory(prefix="pareto-probe-") as folder:
         source = Path(folder) / "layer.pt"
         torch.save({"module": layer.module, "inputs": layer.inputs, "shape": layer.shape}, source)
-        return in_process_of_its_own(target or _probe_child, str(source), levers, list(backends), threads)
+        settings = None if guard is None else [guard.quiet_ms, guard.limit]
+        return in_process_of_its_own(target or _probe_child, str(source), levers, list(backends), threads, settings)
 
 
 def in_process_of_its_own(target: Callable[..., None], *args: Any) -> dict[str, Any] | str:
@@ -301,7 +370,12 @@ def in_process_of_its_own(target: Callable[..., None], *args: Any) -> dict[str, 
 
 
 def _probe_child(
-    source: str, levers: dict[str, dict[str, Any]], backends: list[Backend], threads: int | None, target: str
+    source: str,
+    levers: dict[str, dict[str, Any]],
+    backends: list[Backend],
+    threads: int | None,
+    guard: list[float | None] | None,
+    target: str,
 ) -> None:
     """The lever probe's process: the layer from ``source``, the speeds to ``target`` (JSON)."""
     from pathlib import Path
@@ -311,7 +385,8 @@ def _probe_child(
     saved = torch.load(source, weights_only=False)
     layer = ProbeLayer(saved["module"], saved["inputs"], saved["shape"])
     try:
-        speeds = lever_speeds(layer, levers, backends, threads=threads)
+        settings = None if guard is None else Guard(guard[0], float(guard[1] or 0.0))
+        speeds = lever_speeds(layer, levers, backends, threads=threads, guard=settings)
     except MachineBusy as exc:  # the timing lock never let go: the parent raises it, no traceback here
         Path(target).write_text(json.dumps({_BUSY: str(exc), "stuck": isinstance(exc, TimingLockStuck)}))
         return
@@ -385,10 +460,14 @@ def steer_space(
             if not checked.ok:
                 notice(f"Leaving out {name}: {checked.reason}; name it in search.keep to search it anyway.")
                 kept.pop(name)
+            elif checked.reason:
+                notice(f"Keeping {name}: {checked.reason}.")
     for name, checked in _runs(bench, study_id, kept, backends, batch_size, task_ref).items():
         if not checked.ok:
             notice(f"Leaving out {name}: {checked.reason}.")
             kept.pop(name)
+        elif learned := (checked.details or {}).get("leave"):
+            notice(f"Pre-flight: {layers.said(tuple((str(t), str(x)) for t, x in learned))}")
     return kept
 
 
@@ -420,6 +499,8 @@ def _runs(
         outcomes = {name: _outcomes(bench.task, configs, bench.device, bench.threads) for name, configs in todo.items()}
     for name, configs in todo.items():
         out[name] = _save(bench, study_id, "runs", keys[name], _verdict(configs, outcomes[name]))
+        learned = tuple((str(t), str(layer)) for t, layer in (out[name].details or {}).get("leave", []))
+        layers.remember(bench.engine, study_id, bench.env_id, learned, "its pre-flight failed there")
     return out
 
 
@@ -435,36 +516,39 @@ def _run_configs(name: str, space: dict[str, Any], backends: Sequence[Backend], 
 
 def _outcomes_apart(
     task_ref: str, device: str, threads: int | None, todo: dict[str, list[Config]]
-) -> dict[str, list[tuple[str, str | None]]]:
+) -> dict[str, list[Outcome]]:
     """``_outcomes`` of every technique in one process of its own; when it dies, each technique in one of its
     own, and one whose process dies too fails with that reason."""
     plans = {name: [c.to_dict() for c in configs] for name, configs in todo.items()}
     found = in_process_of_its_own(_runs_child, task_ref, device, threads, plans)
     if isinstance(found, dict):
-        return {name: [(str(o[0]), o[1]) for o in outcomes] for name, outcomes in found.items()}
+        return {name: [(str(o[0]), o[1], list(o[2])) for o in outcomes] for name, outcomes in found.items()}
     out = {}
     for name, configs in todo.items():
         alone = in_process_of_its_own(_runs_child, task_ref, device, threads, {name: plans[name]})
         if isinstance(alone, dict):
-            out[name] = [(str(o[0]), o[1]) for o in alone[name]]
+            out[name] = [(str(o[0]), o[1], list(o[2])) for o in alone[name]]
         else:
-            out[name] = [("fails", f"{configs[0].describe()} could not be built: {alone}")]
+            out[name] = [("fails", f"{configs[0].describe()} could not be built: {alone}", [])]
     return out
 
 
-def _verdict(configs: list[Config], outcomes: list[tuple[str, str | None]]) -> Checked:
-    """The first of ``configs`` that runs keeps the technique; none: why, the first failure's reason first."""
-    name, tried = configs[0].techniques[0].name, {"configurations": [c.describe() for c in configs]}
-    if any(status == "runs" for status, _ in outcomes):
+def _verdict(configs: list[Config], outcomes: list[Outcome]) -> Checked:
+    """The first of ``configs`` that runs keeps the technique; none: why, the first failure's reason first.
+    The layers learned on the way are in its details (``"leave"``)."""
+    name = configs[0].techniques[0].name
+    learned = sorted({tuple(pair) for _, _, pairs in outcomes for pair in pairs})
+    tried = {"configurations": [c.describe() for c in configs], **({"leave": learned} if learned else {})}
+    if any(status == "runs" for status, _, _ in outcomes):
         return Checked(name, True, None, tried)
-    failed = [why or "" for status, why in outcomes if status == "fails"]
+    failed = [why or "" for status, why, _ in outcomes if status == "fails"]
     if failed:
         return Checked(name, False, f"on its own it failed on this model ({failed[0].rstrip('.')})", tried)
     nothing = (outcomes[0][1] or "").rstrip(".")
     return Checked(name, False, f"it changes nothing on this model at either end of its space ({nothing})", tried)
 
 
-def _outcomes(task: Task, configs: list[Config], device: str, threads: int | None) -> list[tuple[str, str | None]]:
+def _outcomes(task: Task, configs: list[Config], device: str, threads: int | None) -> list[Outcome]:
     """``runs_alone`` of each of ``configs`` until one runs."""
     outcomes = []
     for config in configs:
@@ -522,13 +606,25 @@ def _pays(
     known = {name: _checked(stored[key]) for name, key in keys.items() if key in stored}
     todo = {name: p for name, p in levers_here.items() if name not in known}
     if todo:
-        speeds = isolated_lever_speeds(layer, todo, backends, threads=bench.threads)
+        limit = bench.measure.contention_limit
+        guard = Guard(bench.quiet_ms, limit) if limit is not None else None
+        speeds = isolated_lever_speeds(layer, todo, backends, threads=bench.threads, guard=guard)
         for name, measured in speeds.items():
             best = measured["best"]
+            if best is None and measured.get("busy"):  # never dropped on a noisy reading, nor stored
+                known[name] = Checked(name, True, NOT_JUDGED, measured)
+                continue
             ok = best is None or best >= PAYS_BELOW  # nothing timed: the runs check judges it on the model
             reason = None if ok else lever_sentence(name, measured, cpu_facts(name), layer.describe())
             known[name] = _save(bench, study_id, "pays", keys[name], Checked(name, ok, reason, measured))
     return known
+
+
+#: Why a lever the machine stayed busy for is searched all the same.
+NOT_JUDGED = (
+    "the machine stayed busy while the lever probe timed it (its rounds discarded for contention), so the "
+    "probe could not judge it; it is searched, and a later search probes it again"
+)
 
 
 def _checked(record: CheckRecord) -> Checked:

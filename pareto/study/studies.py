@@ -155,15 +155,23 @@ SCHEDULE_FIELDS = (
     "max_wait",
     "requests",
     "replications",
+    "settle",
     "sweep_samples",
     "serve_runs",
     "serve_requests",
     "serve_threads",
+    "serve_instances",
     "load_min_s",
 )
 #: A setting a study stored before it existed: the value that keeps its simulation as it was then (calls
-#: timed alone, one replication, no minimum span).
-BEFORE_SETTING = {"replications": 1, "serve_runs": 0, "load_min_s": 0.0}
+#: timed alone, one replication, no minimum span, one model instance, no settling rule).
+BEFORE_SETTING: dict[str, object] = {
+    "replications": 1,
+    "serve_runs": 0,
+    "load_min_s": 0.0,
+    "serve_instances": [1],
+    "settle": 0.0,
+}
 
 
 def adopt_stored_traffic(w: Writer, spec: SearchSpec) -> SearchSpec:

@@ -4,7 +4,8 @@ With ``traffic.qps`` set (``pareto search --qps 800``), a trial measures the cal
 up to its batch size (the batcher's largest batch: its own latency measurement is the largest bucket; the
 smaller ones are timed in rounds after it), and a seeded discrete-event simulation of the queue
 (``pareto.measure.queue``) turns them into request latencies: Poisson arrivals at the rate, a dynamic
-batcher forming batches up to the largest batch or the longest wait, one batch served at a time. The wait
+batcher forming batches up to the largest batch or the longest wait, one batch at a time per model
+instance (the serving layout, instances × intra-op threads, chosen by short serving runs). The wait
 is chosen per configuration from ``traffic.max_wait`` by the simulation (it changes nothing measured); the
 capacity is the highest rate whose request P99 upper bound stays within the SLO.
 """
@@ -53,12 +54,13 @@ def waits_ms(traffic: Traffic, slo_ms: float) -> list[float]:
     return [round(f * slo_ms, 6) for f in WAIT_FRACTIONS]
 
 
-def batchers(max_batch: int, traffic: Traffic, slo_ms: float) -> list[Batcher]:
-    """The batcher settings a configuration of largest batch ``max_batch`` is simulated with."""
+def batchers(max_batch: int, traffic: Traffic, slo_ms: float, instances: int = 1) -> list[Batcher]:
+    """The batcher settings a configuration of largest batch ``max_batch`` served by ``instances`` model
+    instances is simulated with."""
     from pareto.measure.queue import Batcher
 
     waits = waits_ms(traffic, slo_ms) if max_batch > 1 else [0.0]
-    return [Batcher(max_batch=max_batch, max_wait_ms=w) for w in waits]
+    return [Batcher(max_batch=max_batch, max_wait_ms=w, instances=instances) for w in waits]
 
 
 def service_times(
@@ -135,13 +137,17 @@ def serve_requests(traffic: Traffic, rate: float) -> int:
 
 @dataclass(frozen=True)
 class ServedCosts:
-    """What serving runs measured for one configuration: the served costs at the thread count chosen, the
-    runs (every thread count tried), and the simulated capacity at each thread count (0.0: none)."""
+    """What serving runs measured for one configuration: the served costs in the layout chosen (model
+    instances × intra-op threads each), the runs (every layout tried), and the simulated capacity of each
+    layout (0.0: none)."""
 
     service: ServiceTimes
     threads: int
+    instances: int
     runs: list[ServingRun]
-    capacity_by_threads: dict[int, float]
+    capacity_by_layout: dict[tuple[int, int], float]
+    #: the simulated capacity in the layout chosen (None: none within the SLO), for ``traffic_fields``
+    capacity: RatePoint | None = None
 
 
 @dataclass(frozen=True)
@@ -154,6 +160,7 @@ class ServingRun:
     max_batch: int
     max_wait_ms: float
     threads: int
+    instances: int
     requests: int
     batches: int
     back_to_back_ms: dict[str, float]
@@ -177,13 +184,15 @@ class Simulation:
     confidence: float
     replications: int = 1
     min_span_s: float = 0.0
+    settle: float = 0.0
 
     @classmethod
     def of(cls, traffic: Traffic, seed: int, confidence: float, *, quick: bool = False) -> Simulation:
-        """The study's simulation; ``quick``: one replication, no minimum span (to choose a serving run's rate)."""
+        """The study's simulation; ``quick``: one replication, no minimum span (to choose a serving run's
+        rate); both settle as the study says (``traffic.settle``)."""
         if quick:
-            return cls(traffic.requests, seed, confidence)
-        return cls(traffic.requests, seed, confidence, traffic.replications, traffic.load_min_s)
+            return cls(traffic.requests, seed, confidence, settle=traffic.settle)
+        return cls(traffic.requests, seed, confidence, traffic.replications, traffic.load_min_s, traffic.settle)
 
     def at(self, rate: float, service: ServiceTimes, options: list[Batcher]) -> RatePoint:
         """``best_at_rate`` with these settings."""
@@ -191,7 +200,7 @@ class Simulation:
 
         return best_at_rate(
             rate, service, options, requests=self.requests, seed=self.seed, confidence=self.confidence,
-            replications=self.replications, min_span_s=self.min_span_s,
+            replications=self.replications, min_span_s=self.min_span_s, settle=self.settle,
         )  # fmt: skip
 
     def capacity(self, service: ServiceTimes, slo_ms: float, options: list[Batcher]) -> RatePoint | None:
@@ -200,7 +209,7 @@ class Simulation:
 
         return capacity(
             service, slo_ms, options, requests=self.requests, seed=self.seed, confidence=self.confidence,
-            replications=self.replications, min_span_s=self.min_span_s,
+            replications=self.replications, min_span_s=self.min_span_s, settle=self.settle,
         )  # fmt: skip
 
     def curve(self, service: ServiceTimes, options: list[Batcher], rates: list[float]) -> list[RatePoint]:
@@ -209,15 +218,21 @@ class Simulation:
 
         return traffic_curve(
             service, options, rates, requests=self.requests, seed=self.seed, confidence=self.confidence,
-            replications=self.replications, min_span_s=self.min_span_s,
+            replications=self.replications, min_span_s=self.min_span_s, settle=self.settle,
         )  # fmt: skip
 
 
-def serve_thread_options(traffic: Traffic, threads: int) -> list[int]:
-    """The intra-op thread counts a configuration is served with and chosen from: the spec's, else 1 and
-    the measurement's thread count (one thread per batch call leaves the other cores to the generator and
-    batcher threads; more make each call faster alone)."""
-    return sorted(set(traffic.serve_threads)) if traffic.serve_threads else sorted({1, threads})
+def serve_layouts(traffic: Traffic, threads: int) -> list[tuple[int, int]]:
+    """The serving layouts a configuration is served in and chosen from, as (model instances, intra-op
+    threads each): every instance count (the spec's, else 1 and ``threads``) with every thread count (the
+    spec's, else 1 and ``threads``) whose product fits the cores: ``threads`` or the most threads asked
+    for. One thread per call leaves cores to the generator and batcher threads; more make a call faster
+    alone; more instances run batches side by side where a call leaves cores idle."""
+    counts = sorted(set(traffic.serve_threads)) if traffic.serve_threads else sorted({1, threads})
+    instances = sorted(set(traffic.serve_instances)) if traffic.serve_instances else sorted({1, threads})
+    cores = max(threads, *counts)
+    found = [(i, t) for i in instances for t in counts if i * t <= cores]
+    return found or [(min(instances), min(counts))]
 
 
 def served_service(
@@ -232,22 +247,24 @@ def served_service(
     device: str,
     threads: int,
 ) -> ServedCosts:
-    """What a served batch costs, measured on the serving path at each intra-op thread count of
-    ``serve_thread_options`` (``_serve_at``), and the thread count whose served costs give the highest
-    simulated capacity (ties: fewer threads)."""
-    options = batchers(batch_size, traffic, slo_ms)
+    """What a served batch costs, measured on the serving path in each layout of ``serve_layouts``
+    (``_serve_at``), and the layout whose served costs give the highest simulated capacity (ties: fewer
+    instances, then fewer threads)."""
     quick, full = (Simulation.of(traffic, seed, confidence, quick=q) for q in (True, False))
-    tried: dict[int, tuple[ServiceTimes, list[ServingRun], float]] = {}
-    for count in serve_thread_options(traffic, threads):
-        service, runs = _serve_at(call, alone, batch_size, traffic, slo_ms, quick, device=device, threads=count)
-        point = full.capacity(service, slo_ms, options)
-        tried[count] = (service, runs, point.qps if point is not None else 0.0)
-    chosen = max(tried, key=lambda t: (tried[t][2], -t))
+    tried: dict[tuple[int, int], tuple[ServiceTimes, list[ServingRun], float]] = {}
+    points: dict[tuple[int, int], RatePoint | None] = {}
+    for layout in serve_layouts(traffic, threads):
+        service, runs = _serve_at(call, alone, batch_size, traffic, slo_ms, quick, device=device, layout=layout)
+        point = full.capacity(service, slo_ms, batchers(batch_size, traffic, slo_ms, layout[0]))
+        tried[layout], points[layout] = (service, runs, point.qps if point is not None else 0.0), point
+    chosen = max(tried, key=lambda lay: (tried[lay][2], -lay[0], -lay[1]))
     return ServedCosts(
         service=tried[chosen][0],
-        threads=chosen,
-        runs=[r for t in sorted(tried) for r in tried[t][1]],
-        capacity_by_threads={t: v[2] for t, v in tried.items()},
+        threads=chosen[1],
+        instances=chosen[0],
+        runs=[r for lay in sorted(tried) for r in tried[lay][1]],
+        capacity_by_layout={lay: v[2] for lay, v in tried.items()},
+        capacity=points[chosen],
     )
 
 
@@ -260,23 +277,25 @@ def _serve_at(
     sim: Simulation,
     *,
     device: str,
-    threads: int,
+    layout: tuple[int, int],
 ) -> tuple[ServiceTimes, list[ServingRun]]:
-    """``traffic.serve_runs`` short load runs at ``threads`` intra-op threads (``pareto.measure.load``: a
-    generator thread, the batcher thread, the model) with each batch's cost taken from the policy's start
-    to its completion, back to back and after idle kept apart (``served_costs``). The first run is at the
-    study's rate, each later one at the capacity simulated on the costs served so far (the two rates a
-    verdict is read at), each with the batcher the simulation chose there; all runs' costs are pooled. A
-    bucket no run served draws its calls timed alone scaled by the served/alone ratio of the buckets served.
+    """``traffic.serve_runs`` short load runs in ``layout``: its model instances at its intra-op threads
+    each (``pareto.measure.load``: a generator thread, the batcher threads, the model)
+    with each batch's cost taken from the policy's start to its completion, back to back and after idle
+    kept apart (``served_costs``). The first run is at the study's rate, each later one at the capacity
+    simulated on the costs served so far (the two rates a verdict is read at), each with the batcher the
+    simulation chose there; all runs' costs are pooled. A bucket no run served draws its calls timed alone
+    scaled by the served/alone ratio of the buckets served.
     """
     from collections import defaultdict
 
     import torch
 
     from pareto.measure.load import load_run
-    from pareto.measure.queue import Batcher, poisson_arrivals
+    from pareto.measure.queue import poisson_arrivals
 
-    options = batchers(batch_size, traffic, slo_ms)
+    instances, threads = layout
+    options = batchers(batch_size, traffic, slo_ms, instances)
     pools: tuple[dict[int, list[np.ndarray]], dict[int, list[np.ndarray]]] = (defaultdict(list), defaultdict(list))
     service, rows = alone, []
     assert traffic.qps is not None
@@ -285,8 +304,8 @@ def _serve_at(
             point: RatePoint | None = sim.at(traffic.qps, service, options)
         else:
             point = sim.capacity(service, slo_ms, options)
-        rate = point.qps if point is not None else 0.5 * service.saturation_qps(batch_size)
-        batcher = point.batcher if point is not None else Batcher(batch_size, max(b.max_wait_ms for b in options))
+        rate = point.qps if point is not None else 0.5 * service.saturation_qps(batch_size) * instances
+        batcher = point.batcher if point is not None else max(options, key=lambda b: b.max_wait_ms)
         arrivals = poisson_arrivals(rate, serve_requests(traffic, rate), sim.seed + k)
         previous = torch.get_num_threads()
         torch.set_num_threads(threads)
@@ -333,6 +352,7 @@ def _serving_run(rate: float, batcher: Batcher, threads: int, run: LoadRun) -> S
         max_batch=batcher.max_batch,
         max_wait_ms=batcher.max_wait_ms,
         threads=threads,
+        instances=batcher.instances,
         requests=int(run.requests.arrival_s.size),
         batches=run.batches,
         back_to_back_ms={str(b): float(v.mean() * 1e3) for b, v in busy.items()},
@@ -356,15 +376,18 @@ def traffic_fields(
     *,
     seed: int,
     confidence: float,
+    served: ServedCosts | None = None,
 ) -> dict[str, Any]:
     """The ``Metrics`` traffic fields: the requests at the study's rate, the capacity at the SLO and the
     curve around it, each with the batcher setting that does best there (the same arrivals for every
-    setting and every configuration: the study's seed)."""
+    setting and every configuration: the study's seed). ``served``: what the serving runs found (the
+    layout's instances serve the batcher, and its capacity, simulated on the same costs, is not simulated
+    again); None: one instance."""
     assert traffic.qps is not None
-    options = batchers(batch_size, traffic, slo_ms)
+    options = batchers(batch_size, traffic, slo_ms, served.instances if served is not None else 1)
     sim = Simulation.of(traffic, seed, confidence)
     at = sim.at(traffic.qps, service, options)
-    most = sim.capacity(service, slo_ms, options)
+    most = served.capacity if served is not None else sim.capacity(service, slo_ms, options)
     rates = {traffic.qps, *(f * most.qps for f in CURVE_FRACTIONS)} if most is not None else {traffic.qps}
     curve = sim.curve(service, options, sorted(rates))
     return {
@@ -387,11 +410,11 @@ def method(traffic: Traffic, slo_ms: float, seed: int) -> str:
     """What the traffic figures are, for the measurement's method."""
     waits = ", ".join(format_ms(w) for w in waits_ms(traffic, slo_ms))
     served = (
-        f"what a served batch costs, measured in {traffic.serve_runs} short load runs at each intra-op thread "
-        f"count ({', '.join(map(str, traffic.serve_threads)) if traffic.serve_threads else '1 and the measurement'}"
-        "; the one of highest "
-        "simulated capacity kept) (a generator thread and the "
-        f"batcher thread beside the model, at most {traffic.serve_requests} requests or {SERVE_SECONDS:g} s each, "
+        f"what a served batch costs, measured in {traffic.serve_runs} short load runs in each serving layout "
+        f"(model instances {_listed(traffic.serve_instances)} × intra-op threads {_listed(traffic.serve_threads)}"
+        " each, within the cores measured on; the layout of highest simulated capacity kept) (a generator "
+        "thread and a batcher thread per instance beside the model, at most "
+        f"{traffic.serve_requests} requests or {SERVE_SECONDS:g} s each, "
         "the first at the study's rate, the others at the capacity simulated so far): completion less the "
         "moment the policy could start the batch, back to back and after idle apart; "
         "a bucket no run served: its calls timed alone × the median served/alone ratio"
@@ -400,10 +423,27 @@ def method(traffic: Traffic, slo_ms: float, seed: int) -> str:
     )
     return (
         f"traffic: Poisson arrivals (seed {seed}), {traffic.replications} independent replications of "
-        f"{traffic.requests} simulated requests per rate (the first 5 % of each left out), one batch at a time, "
+        f"{traffic.requests} simulated requests per rate (the first 5 % of each left out){_settling(traffic)}, "
+        "one batch at a time per instance (the instance free first takes the next), "
         f"the batcher's wait chosen from {waits}; a batch of n runs at the smallest bucket (1, 2, 4, ... the "
         f"largest batch) >= n (padded), its cost drawn from {served}; calls timed alone: {traffic.sweep_samples} "
-        f"in {BUCKET_ROUNDS} rounds per smaller bucket; P99 bound: the pooled P99 + t(confidence, R-1) × the "
+        f"in {BUCKET_ROUNDS} rounds per smaller bucket; P99 bound: the pooled P99 + t((1 + confidence) / 2, R-1) × the "
         "replications' P99 standard deviation / √R (never below the pooled order statistic's); capacity: "
         "bisection on the rate to 2 %, simulated, not load-run"
+    )
+
+
+def _listed(counts: list[int] | None) -> str:
+    return ", ".join(map(str, sorted(set(counts)))) if counts else "1 and the measurement's threads"
+
+
+def _settling(traffic: Traffic) -> str:
+    from pareto.measure.queue import MAX_SETTLE_REQUESTS, settled_fraction
+
+    if not traffic.settle:
+        return ""
+    return (
+        f", more where the queue needs them to settle ({traffic.settle:g} / (1 − √ρ)² at load ρ, the rate over "
+        f"saturation; a rate needing over {MAX_SETTLE_REQUESTS:,}, above ρ {settled_fraction(traffic.settle):.2f}, "
+        "is not settled and counts as a miss)"
     )

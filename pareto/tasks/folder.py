@@ -38,9 +38,10 @@ from torch.nn import functional as F
 
 from pareto.errors import TaskError
 from pareto.task import AttentionShape, Task
-from pareto.tasks.hf import folder_kind, label_ids, macro_f1, quiet, read_json, transformers_offline
+from pareto.tasks.hf import folder_kind, label_ids, macro_f1, model_folder, quiet, read_json, transformers_offline
 from pareto.tasks.images import make_image_task
 from pareto.tasks.minilm import embedding_fidelity
+from pareto.tasks.program import Program, ProgramShape, load_program, quiet_copies
 from pareto.tasks.rows import Rows, read_rows
 from pareto.tasks.source import ModelSource
 
@@ -58,6 +59,8 @@ TRAIN_BATCH = 8
 #: The longest a request is cut to when neither the folder nor ``--max-length`` says.
 DEFAULT_MAX_LENGTH = 512
 _ST = "sentence_transformers.models."
+#: What a text model is called with.
+TEXT_INPUTS = ("input_ids", "attention_mask")
 
 
 class Classifier(nn.Module):
@@ -82,7 +85,10 @@ class SentencePooler(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Sentence embeddings ``[batch, width]``."""
-        hidden = self.transformer(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        if isinstance(self.transformer, Program):  # a program gives the hidden states themselves
+            hidden = self.transformer(input_ids, attention_mask)
+        else:
+            hidden = self.transformer(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         weights = attention_mask.unsqueeze(-1).to(hidden.dtype)
         if self.mode == "cls":
             pooled = hidden[:, 0]
@@ -122,26 +128,34 @@ def _pooling(folder: Path) -> tuple[str, bool, str]:
     return mode, "Normalize" in kinds, str(kinds["Transformer"].get("path", ""))
 
 
-def _load(source: ModelSource, kind: str) -> tuple[nn.Module, Any, Any]:
-    """The model as pareto calls it, its tokenizer and its Hugging Face config."""
+def _load(source: ModelSource, kind: str) -> tuple[nn.Module, Any, Any, ProgramShape]:
+    """The model as pareto calls it, its tokenizer, its Hugging Face config, and the lengths it takes."""
     with quiet():
         return _load_quietly(source, kind)
 
 
-def _load_quietly(source: ModelSource, kind: str) -> tuple[nn.Module, Any, Any]:
+def _load_quietly(source: ModelSource, kind: str) -> tuple[nn.Module, Any, Any, ProgramShape]:
     hf = transformers_offline()
-    folder = Path(source.model)
+    folder = model_folder(source)
+    program = Path(source.model) if Path(source.model).is_file() else None
     remote = {"local_files_only": True, "trust_remote_code": source.trust_remote_code}
     try:
         if kind == "classifier":
             tokenizer = hf.AutoTokenizer.from_pretrained(folder, **remote)
+            if program is not None:
+                model, lengths = load_program(program, TEXT_INPUTS, "logits")
+                return model, tokenizer, hf.AutoConfig.from_pretrained(folder, **remote), lengths
             inner = hf.AutoModelForSequenceClassification.from_pretrained(folder, dtype=torch.float32, **remote)
-            return Classifier(inner).eval(), tokenizer, inner.config
+            return Classifier(inner).eval(), tokenizer, inner.config, ProgramShape()
         mode, normalize, sub = _pooling(folder)
         where = folder / sub
         tokenizer = hf.AutoTokenizer.from_pretrained(where, **remote)
+        if program is not None:  # the program is the transformer; the folder's pooling follows it
+            transformer, lengths = load_program(program, TEXT_INPUTS, "last_hidden_state")
+            config = hf.AutoConfig.from_pretrained(where, **remote)
+            return SentencePooler(transformer, mode, normalize).eval(), tokenizer, config, lengths
         inner = hf.AutoModel.from_pretrained(where, dtype=torch.float32, **remote)
-        return SentencePooler(inner, mode, normalize).eval(), tokenizer, inner.config
+        return SentencePooler(inner, mode, normalize).eval(), tokenizer, inner.config, ProgramShape()
     except TaskError:
         raise
     except Exception as exc:  # a broken folder: one sentence, the library's own first line
@@ -149,8 +163,10 @@ def _load_quietly(source: ModelSource, kind: str) -> tuple[nn.Module, Any, Any]:
         raise TaskError(f"{folder.name} could not be loaded: {first}") from exc
 
 
-def _max_length(source: ModelSource, tokenizer: Any, config: Any) -> int:
-    limits = [source.max_length or DEFAULT_MAX_LENGTH]
+def _max_length(source: ModelSource, tokenizer: Any, config: Any, lengths: ProgramShape) -> int:
+    if lengths.fixed is not None:
+        return lengths.fixed
+    limits = [source.max_length or DEFAULT_MAX_LENGTH, *([lengths.longest] if lengths.longest else [])]
     positions = getattr(config, "max_position_embeddings", None)
     if isinstance(positions, int) and positions > 0:
         limits.append(positions)
@@ -162,14 +178,16 @@ def _max_length(source: ModelSource, tokenizer: Any, config: Any) -> int:
 class _Shaper:
     """Token rows padded into batches as the source says."""
 
-    def __init__(self, rows: list[list[int]], pad_id: int, padding: str, max_length: int) -> None:
+    def __init__(self, rows: list[list[int]], pad_id: int, padding: str, max_length: int, shortest: int = 1) -> None:
         self.rows, self.pad_id, self.padding, self.max_length = rows, pad_id, padding, max_length
+        self.shortest = shortest  # a program's dynamic length may start above 1 (torch.export's default: 2)
 
     def batch(self, index: Sequence[int], length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The rows ``index`` as ``(input_ids, attention_mask)``, at ``length`` or as the padding says."""
         chosen = [self.rows[i] for i in index]
         if length is None:
             length = padded_length(max(len(r) for r in chosen), self.padding, self.max_length)
+        length = max(length, self.shortest)
         ids = torch.full((len(chosen), length), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(chosen), length), dtype=torch.long)
         for i, row in enumerate(chosen):
@@ -210,17 +228,17 @@ def make_task(source: ModelSource) -> Task:
     """
     source.check_files()
     kind = folder_kind(source)
+    if Path(source.model).is_file():  # a torch.export program
+        quiet_copies()
     if kind == "image":
         return make_image_task(source)
-    model, tokenizer, config = _load(source, kind)
+    model, tokenizer, config, lengths = _load(source, kind)
     rows = read_rows(Path(source.data), source.text_field, source.label_field if kind == "classifier" else None)
     if kind == "classifier" and rows.labels is None:
         raise TaskError("A sequence classifier is scored on labels; name the data's label field with --label-field.")
     evaluation, calibration = rows.split()
-    length = _max_length(source, tokenizer, config)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    scored = _Shaper(_tokens(tokenizer, evaluation, length), pad_id, source.padding, length)
-    tuning = _Shaper(_tokens(tokenizer, calibration, length), pad_id, source.padding, length)
+    length = _max_length(source, tokenizer, config, lengths)
+    scored, tuning = (_shaper(source, tokenizer, part, length, lengths) for part in (evaluation, calibration))
     evaluate, targets = _scorer(kind, source, model, scored, evaluation, calibration, config)
     order = [int(i) for i in np.random.default_rng(1).permutation(len(scored.rows))]
 
@@ -230,7 +248,8 @@ def make_task(source: ModelSource) -> Task:
         return [scored.batch(rows) for rows in picks]
 
     # one input shape whatever the batch (tracing a batch of 2 serves a batch of 1): the first rows' longest
-    example_length = padded_length(max(len(scored.rows[i]) for i in order[:EXAMPLE_ROWS]), source.padding, length)
+    example_length = padded_length(max(len(scored.rows[i]) for i in order[:EXAMPLE_ROWS]), scored.padding, length)
+    example_length = max(example_length, scored.shortest)
 
     train = [
         (tuning.batch(range(s, min(s + TRAIN_BATCH, len(tuning.rows)))), targets(s, TRAIN_BATCH))
@@ -247,9 +266,16 @@ def make_task(source: ModelSource) -> Task:
         batch_size=1,
         attention=_attention(config, length),
         timing_inputs=batches,
-        inputs_note=_inputs_note(source, scored, length),
+        inputs_note=_inputs_note(source, scored, length, lengths),
         evaluation_rows=len(evaluation.texts),
     )
+
+
+def _shaper(source: ModelSource, tokenizer: Any, rows: Rows, length: int, lengths: ProgramShape) -> _Shaper:
+    """``rows`` tokenized, padded as the source says (a program exported at one length: always to it)."""
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    padding = "max" if lengths.fixed is not None else source.padding
+    return _Shaper(_tokens(tokenizer, rows, length), pad_id, padding, length, lengths.shortest)
 
 
 def _scorer(
@@ -285,14 +311,16 @@ def _attention(config: Any, length: int) -> AttentionShape | None:
     return AttentionShape(layers=layers, width=width, sequence=length, heads=heads)
 
 
-def _inputs_note(source: ModelSource, scored: _Shaper, length: int) -> str:
+def _inputs_note(source: ModelSource, scored: _Shaper, length: int, program: ProgramShape) -> str:
     lengths = [len(r) for r in scored.rows]
     how = {
         "request": "each batch run at its longest row's length",
         "bucket": f"each batch padded up to a length bucket ({', '.join(str(b) for b in BUCKETS if b < length)}, "
         f"{length})",
         "max": f"every request padded to {length} tokens",
-    }[source.padding]
+    }[scored.padding]
+    if program.fixed is not None:
+        how += f" ({Path(source.model).name} was exported at {program.fixed} tokens only)"
     return (
         f"requests: the {len(lengths)} evaluation rows of {Path(source.data).name} in a seeded order, "
         f"{min(lengths)}–{max(lengths)} tokens (median {statistics.median(lengths):g}), {how}"

@@ -13,9 +13,18 @@ from pathlib import Path
 from typing import Any
 
 from pareto.errors import TaskError
-from pareto.tasks.source import ModelSource
+from pareto.tasks.source import PROGRAM, ModelSource
 
-__all__ = ["SUPPORTED", "folder_kind", "label_ids", "macro_f1", "quiet", "read_json", "transformers_offline"]
+__all__ = [
+    "SUPPORTED",
+    "folder_kind",
+    "label_ids",
+    "macro_f1",
+    "model_folder",
+    "quiet",
+    "read_json",
+    "transformers_offline",
+]
 
 SUPPORTED = (
     "pareto reads a Hugging Face folder of a sequence classifier (architectures …ForSequenceClassification), "
@@ -33,15 +42,28 @@ def read_json(path: Path) -> dict[str, object]:
     return value
 
 
+def model_folder(source: ModelSource) -> Path:
+    """The Hugging Face folder of a source: the model itself, or the folder a ``.pt2`` program lies in."""
+    path = Path(source.model)
+    return path.parent if path.is_file() else path
+
+
 def folder_kind(source: ModelSource) -> str:
-    """ "classifier", "image" or "sentence", told from the folder's ``config.json`` and ``modules.json``.
+    """ "classifier", "image" or "sentence", told from the folder's ``config.json`` and ``modules.json`` (a
+    ``.pt2`` program's: the folder it lies in).
 
     Raises:
-        TaskError: not a folder of a supported kind; custom code without ``trust_remote_code``.
+        TaskError: not a folder of a supported kind (or a file other than a program); custom code without
+            ``trust_remote_code``.
     """
-    folder = Path(source.model)
-    if folder.is_file():
-        raise TaskError(f"{folder.name} is a file; {SUPPORTED} (ONNX files and .pt2 programs are not read yet).")
+    given = Path(source.model)
+    if given.is_file() and given.suffix != PROGRAM:
+        what = "an ONNX file" if given.suffix == ".onnx" else "a file"
+        raise TaskError(
+            f"{given.name} is {what}; {SUPPORTED}, or a torch.export program ({PROGRAM}) in such a folder "
+            "(ONNX files are not read yet: give the folder they were exported from)."
+        )
+    folder = model_folder(source)
     if not (folder / "config.json").is_file():
         raise TaskError(f"{folder} has no config.json, so it is not a Hugging Face model folder; {SUPPORTED}.")
     config = read_json(folder / "config.json")

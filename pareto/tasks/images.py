@@ -21,7 +21,8 @@ from torch import nn
 
 from pareto.errors import TaskError
 from pareto.task import Task
-from pareto.tasks.hf import label_ids, macro_f1, quiet, transformers_offline
+from pareto.tasks.hf import label_ids, macro_f1, model_folder, quiet, transformers_offline
+from pareto.tasks.program import load_program
 from pareto.tasks.rows import Rows, read_image_rows
 from pareto.tasks.source import ModelSource
 
@@ -48,11 +49,16 @@ class ImageClassifier(nn.Module):
 def _load(source: ModelSource) -> tuple[nn.Module, Any, Any]:
     with quiet():
         hf = transformers_offline()
-        folder = Path(source.model)
+        folder = model_folder(source)
         remote = {"local_files_only": True, "trust_remote_code": source.trust_remote_code}
         try:
             processor = hf.AutoImageProcessor.from_pretrained(folder, **remote)
+            if Path(source.model).is_file():  # a torch.export program in the folder
+                program, _ = load_program(Path(source.model), ("pixel_values",), "logits")
+                return program, processor, hf.AutoConfig.from_pretrained(folder, **remote)
             inner = hf.AutoModelForImageClassification.from_pretrained(folder, dtype=torch.float32, **remote)
+        except TaskError:
+            raise
         except Exception as exc:  # a broken folder (no preprocessor_config.json…): the library's first line
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise TaskError(f"{folder.name} could not be loaded: {first}") from exc

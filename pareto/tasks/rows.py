@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pareto.errors import TaskError
 
-__all__ = ["Rows", "file_digest", "read_rows", "rows_needed"]
+__all__ = ["Rows", "file_digest", "listed_images", "read_rows", "rows_needed"]
 
 #: The seed of the evaluation/calibration split.
 SPLIT_SEED = 0
@@ -164,6 +164,15 @@ def read_image_rows(path: Path, image_field: str, label_field: str | None) -> Ro
     if missing is not None:
         raise TaskError(f"{path.name} row {missing + 1} names {rows.texts[missing]!r}, which is not a file.")
     return Rows(images, rows.labels)
+
+
+def listed_images(path: Path, image_field: str) -> list[Path]:
+    """The images a data file lists in ``image_field``, in row order; [] for a file that lists none (text
+    rows, a field it lacks) or one that cannot be read as a listing (its own reading says why, later)."""
+    try:
+        return [Path(image) for image in read_image_rows(path, image_field, None).texts]
+    except TaskError:
+        return []
 
 
 def _is_file(path: Path) -> bool:

@@ -15,16 +15,34 @@ from pathlib import Path
 from urllib.parse import parse_qsl, quote, urlencode
 
 from pareto.errors import TaskError
-from pareto.tasks.rows import file_digest
+from pareto.tasks.rows import file_digest, listed_images
 
-__all__ = ["METRICS", "PADDINGS", "PREFIX", "ModelSource", "folder_digest", "is_source_ref"]
+__all__ = [
+    "METRICS",
+    "PADDINGS",
+    "PREFIX",
+    "PROGRAM",
+    "ModelSource",
+    "data_digest",
+    "folder_digest",
+    "is_source_ref",
+    "model_digest",
+    "score_name",
+]
 
 PREFIX = "model:"
+#: The suffix of a torch.export program given as the model (in its Hugging Face folder).
+PROGRAM = ".pt2"
 #: How a served text model's requests are shaped: at the request's own length (each batch padded to its
 #: longest row), padded up to the next length bucket (``BUCKETS``), or always to the model's max length.
 PADDINGS = ("request", "bucket", "max")
-#: A sequence classifier's score: accuracy, or macro-F1 over the labels.
-METRICS = ("accuracy", "f1")
+#: A folder's score: a classifier's accuracy or macro-F1 over the labels; a sentence-transformers folder's
+#: fidelity to the uncompressed model's embeddings (set from the folder, never asked for).
+METRICS = ("accuracy", "f1", "fidelity")
+#: What the accuracy column holds, by metric, as tables and cards name it.
+SCORE_NAMES = {"accuracy": "accuracy", "f1": "macro-F1", "fidelity": "fidelity"}
+#: Built-in tasks scored by fidelity to their uncompressed model (no labels).
+_FIDELITY_TASKS = ("minilm", "pareto.tasks.minilm:make_task")
 #: Digest characters kept in the reference (of SHA-256's 64): enough to tell any two versions apart.
 DIGEST_CHARS = 24
 _SKIPPED = {".git", "__pycache__", ".cache"}
@@ -65,20 +83,35 @@ class ModelSource:
         try:
             model_path, data_path = Path(model).expanduser().resolve(), Path(data).expanduser().resolve()
             if not model_path.exists():
-                raise TaskError(f"No model at {str(model)[:200]!r}: give a Hugging Face model folder.")
+                raise TaskError(
+                    f"No model at {str(model)[:200]!r}: give a Hugging Face model folder (or a {PROGRAM} "
+                    "program in one)."
+                )
             if not data_path.exists():
                 raise TaskError(
                     f"No data at {str(data)[:200]!r}: give a .jsonl or .csv file (or, for images, a folder)."
                 )
             source = cls(str(model_path), str(data_path), **settings)  # type: ignore[arg-type]
-            return replace(source, model_sha256=folder_digest(model_path), data_sha256=folder_digest(data_path))
+            folder = model_path.parent if model_path.is_file() else model_path
+            if (folder / "modules.json").is_file():  # sentence-transformers: no labels, scored by fidelity
+                if source.metric == "f1":
+                    raise TaskError(
+                        f"{folder.name} is a sentence-transformers folder, scored by fidelity to its own "
+                        "embeddings (no labels): leave out --metric."
+                    )
+                source = replace(source, metric="fidelity")
+            model_sha256, data_sha256 = model_digest(model_path), data_digest(data_path, source.image_field)
+            return replace(source, model_sha256=model_sha256, data_sha256=data_sha256)
         except OSError as exc:  # a name too long for the file system, a folder it may not read
             raise TaskError(f"Cannot read {str(exc.filename or model)[:200]!r}: {exc.strerror or exc}.") from exc
 
     @property
     def name(self) -> str:
-        """The task's name: the model folder's name."""
-        return Path(self.model).name or "model"
+        """The task's name: the model folder's name (a program's: its folder's and its own, ``clf-model``)."""
+        path = Path(self.model)
+        if path.suffix == PROGRAM:
+            return f"{path.parent.name}-{path.stem}"
+        return path.name or "model"
 
     def ref(self) -> str:
         """The reference a study stores (``load_task`` reads it back)."""
@@ -109,8 +142,8 @@ class ModelSource:
     def check_files(self) -> None:
         """Raises TaskError when the model folder or the data file is gone or no longer what the study measured."""
         for what, path, stored, digest in (
-            ("model", Path(self.model), self.model_sha256, folder_digest),
-            ("data file", Path(self.data), self.data_sha256, folder_digest),
+            ("model", Path(self.model), self.model_sha256, model_digest),
+            ("data file", Path(self.data), self.data_sha256, lambda p: data_digest(p, self.image_field)),
         ):
             if not path.exists():
                 raise TaskError(f"The {what} this study measured, {str(path)!r}, is gone.")
@@ -121,9 +154,37 @@ class ModelSource:
                 )
 
 
+def score_name(task: str) -> str:
+    """What a study's accuracy column holds, told from its stored task reference: "accuracy", "macro-F1"
+    (a classifier folder with ``--metric f1``) or "fidelity" (a sentence-transformers folder, the minilm task)."""
+    if is_source_ref(task):
+        return SCORE_NAMES[ModelSource.from_ref(task).metric]
+    return "fidelity" if task in _FIDELITY_TASKS else "accuracy"
+
+
 def is_source_ref(ref: str) -> bool:
     """Whether a stored task reference names a model folder and data file (not code)."""
     return ref.startswith(PREFIX)
+
+
+def model_digest(path: Path) -> str:
+    """The digest of what a model is read from: its folder (a program's: the folder it lies in, whose
+    config and tokenizer it is read with)."""
+    return folder_digest(path.parent if path.suffix == PROGRAM and path.is_file() else path)
+
+
+def data_digest(path: Path, image_field: str) -> str:
+    """The digest of the data: a folder's files; a file's bytes, and where its rows list images
+    (``image_field`` naming existing files) those images' bytes too, in row order, so that an image
+    changed under an unchanged listing is changed data."""
+    own = folder_digest(path)
+    images = listed_images(path, image_field) if path.is_file() else []
+    if not images:
+        return own
+    digest = hashlib.sha256(own.encode())
+    for index, image in enumerate(images):
+        digest.update(f"{index}\0{file_digest(image)}\n".encode())
+    return digest.hexdigest()
 
 
 def folder_digest(path: Path) -> str:
