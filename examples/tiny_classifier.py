@@ -8,7 +8,9 @@ model is; the data file holds 600 labelled reviews of 3 to 60 words. Nothing is 
     pareto search --model /tmp/reviews/classifier --data /tmp/reviews/reviews.jsonl --slo-p99 5ms --n-trials 12
 
 The folder also holds ``model.pt2``, the same model as a ``torch.export`` program (``--model
-/tmp/reviews/classifier/model.pt2`` searches the program: the techniques that run on a graph).
+/tmp/reviews/classifier/model.pt2`` searches the program: the techniques that run on a graph), and, where
+the ``onnx`` extra is installed, ``model.onnx``, the same model as an ONNX file (``--model
+/tmp/reviews/classifier/model.onnx`` searches it on ONNX Runtime with ONNX Runtime's own passes).
 """
 
 from __future__ import annotations
@@ -106,8 +108,11 @@ def main(out: Path) -> None:
     tokenizer.save_pretrained(out / "classifier")
     vocab.unlink()
     export_program(model, tokenizer, out / "classifier" / "model.pt2")
+    graph = export_onnx(model, tokenizer, out / "classifier" / "model.onnx")
+    also = ", and model.onnx, its ONNX file" if graph else ""
     print(
-        f"wrote {out / 'classifier'} (with model.pt2, its torch.export program) and {out / 'reviews.jsonl'} (600 rows)"
+        f"wrote {out / 'classifier'} (with model.pt2, its torch.export program{also}) and {out / 'reviews.jsonl'} "
+        "(600 rows)"
     )
 
 
@@ -121,6 +126,32 @@ def export_program(model: torch.nn.Module, tokenizer: object, path: Path) -> Non
     inputs = {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
     program = torch.export.export(model, (), inputs, dynamic_shapes={k: {0: batch, 1: length} for k in inputs})
     torch.export.save(program, str(path))
+
+
+def export_onnx(model: torch.nn.Module, tokenizer: object, path: Path) -> bool:
+    """The model as an ONNX file beside its folder's config and tokenizer, batch and length dynamic, as
+    ``pareto search --model FOLDER/model.onnx`` reads it; False (nothing written) without onnx and onnxscript."""
+    import importlib.util
+
+    if any(importlib.util.find_spec(name) is None for name in ("onnx", "onnxscript")):
+        return False
+    encoded = tokenizer(
+        ["a short review", "a longer review of the film and its cast"], padding=True, return_tensors="pt"
+    )
+    batch, length = torch.export.Dim("batch"), torch.export.Dim("length", max=128)
+    inputs = {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
+    torch.onnx.export(
+        model,
+        (),
+        str(path),
+        kwargs=inputs,
+        dynamo=True,
+        dynamic_shapes={k: {0: batch, 1: length} for k in inputs},
+        input_names=list(inputs),
+        output_names=["logits"],
+        verbose=False,
+    )
+    return True
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from pareto.front import DEFAULT_OBJECTIVE_NAMES, TRAFFIC_OBJECTIVE_NAMES
 from pareto.limits import Constraints
 from pareto.naming import Backend, SamplerName
 from pareto.slo import DEFAULT_CONFIDENCE, DEFAULT_CONTENTION_LIMIT, DEFAULT_ROUNDS, MIN_CONFIDENCE, MIN_SAMPLES_P99
-from pareto.tasks.source import PROGRAM, ModelSource, is_source_ref
+from pareto.tasks.source import GRAPH_FILES, ONNX, PROGRAM, ModelSource, is_source_ref
 from pareto.units import parse_duration_ms, parse_rate_per_s, parse_request_rate, parse_size_bytes
 
 
@@ -437,13 +437,15 @@ class SearchSpec(_Strict):
             raise ValueError("give either task or model and data, not both")
         given = data.get("inputs") or {}
         given = given.model_dump(exclude_unset=True) if isinstance(given, BaseModel) else dict(given)
-        program = Path(str(data["model"])).suffix == PROGRAM
-        if program:  # served where a graph is: one shape unless the user says otherwise
+        suffix = Path(str(data["model"])).suffix
+        if suffix == PROGRAM:  # served where a graph is: one shape unless the user says otherwise
             given.setdefault("padding", "max")
         settings = Inputs.model_validate(given)
         source = ModelSource.open(data["model"], data["data"], **settings.model_dump())
         folder = {**data, "model": source.model, "data": source.data, "task": source.ref()}
-        return {**folder, "inputs": given, "space": _program_space(data.get("space"))} if program else folder
+        if suffix in GRAPH_FILES:
+            return {**folder, "inputs": given, "space": _graph_space(data.get("space"), suffix)}
+        return folder
 
     @model_validator(mode="after")
     def _inputs_need_a_model(self) -> SearchSpec:
@@ -454,6 +456,14 @@ class SearchSpec(_Strict):
     @model_validator(mode="after")
     def _static_shapes(self) -> SearchSpec:
         static = sorted(set(self.space.backend or []) & {"compile", "onnxruntime"})
+        onnx_file = is_source_ref(self.task) and Path(ModelSource.from_ref(self.task).model).suffix == ONNX
+        if onnx_file and "compile" in static:
+            raise ValueError(
+                "an ONNX file is served by ONNX Runtime, which the compile backend cannot serve: search it on "
+                "--backend onnxruntime"
+            )
+        if onnx_file:  # its own graph serves the shapes it was exported with
+            return self
         if is_source_ref(self.task) and static and self.inputs.padding != "max":
             raise ValueError(
                 f"the {static[0]} backend serves one input shape, and --padding {self.inputs.padding} gives "
@@ -528,15 +538,24 @@ PROGRAM_SPACE: dict[str, object] = {
 }
 
 
-def _program_space(space: object) -> dict[str, object]:
-    """A program's space: what the spec says, ``PROGRAM_SPACE`` for what it leaves unsaid."""
+#: The search space of an ONNX file when the spec names no techniques or backends: ONNX Runtime's own passes
+#: (the baseline, on eager, is the file as given, run by ONNX Runtime too).
+ONNX_SPACE: dict[str, object] = {
+    "backend": ["onnxruntime"],
+    "techniques": {"ort_int8_dynamic": {"per_channel": [False, True]}, "ort_int8_static": {}, "ort_fuse": {}},
+}
+
+
+def _graph_space(space: object, suffix: str) -> dict[str, object]:
+    """A program's or an ONNX file's space: what the spec says, ``PROGRAM_SPACE`` or ``ONNX_SPACE`` for what it
+    leaves unsaid."""
     said = space.model_dump(exclude_unset=True) if isinstance(space, BaseModel) else {}
     if isinstance(space, dict):
         said = dict(space)
-    defaults = copy.deepcopy(PROGRAM_SPACE)
+    defaults = copy.deepcopy(ONNX_SPACE if suffix == ONNX else PROGRAM_SPACE)
     from pareto.compress.onnxrt import onnxruntime_reason  # deferred: the techniques load torch
 
-    if onnxruntime_reason() is not None:  # not installed: searched without it, as the search's skip lines say
+    if suffix == PROGRAM and onnxruntime_reason() is not None:  # searched without it, as the skip lines say
         defaults["backend"] = ["eager", "compile"]
     return {**said, **{k: v for k, v in defaults.items() if said.get(k) is None}}
 

@@ -188,10 +188,14 @@ def test_folders_pareto_cannot_read_are_refused_in_one_sentence(folder: Path, tm
     (other / "config.json").unlink()
     with pytest.raises(TaskError, match="no config.json"):
         folder_kind(ModelSource.open(other, data))
-    onnx = tmp_path / "m.onnx"
-    onnx.write_bytes(b"\0")
-    with pytest.raises(TaskError, match="is an ONNX file; .*ONNX files are not read yet"):
-        folder_kind(ModelSource.open(onnx, data))
+    weights = tmp_path / "m.bin"
+    weights.write_bytes(b"\0")
+    with pytest.raises(TaskError, match=r"m.bin is a file; .*program \(.pt2\) or an ONNX file \(.onnx\)"):
+        folder_kind(ModelSource.open(weights, data))
+    loose = tmp_path / "m.onnx"  # an ONNX file is read in the folder that says what it is
+    loose.write_bytes(b"\0")
+    with pytest.raises(TaskError, match="has no config.json"):
+        folder_kind(ModelSource.open(loose, data))
 
 
 # --- the task: real requests ---

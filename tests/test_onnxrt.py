@@ -248,12 +248,11 @@ def test_what_onnx_runtime_cannot_hold_fails_the_trial_with_a_reason(
     with pytest.raises(TechniqueError, match="cannot be exported to ONNX: TorchExportError: Failed") as caught:
         apply(Branchy(), ORT, task)
     assert "\x1b[" not in str(caught.value)  # the exporter's terminal colours are not kept
-    import pareto.compress.onnxrt as module
 
-    def unloadable(*args: object) -> None:
+    def unloadable(*args: object, **kwargs: object) -> None:
         raise TypeError("can't convert np.ndarray of type bfloat16")
 
-    monkeypatch.setattr(module, "OrtModule", unloadable)
+    monkeypatch.setattr(OrtModule, "__init__", unloadable)
     with pytest.raises(TechniqueError, match="exported graph cannot be loaded: TypeError: can't convert"):
         apply(task.model, ORT, task)
 

@@ -16,7 +16,7 @@ from pareto.compress.base import Technique, canonical_key, registry
 from pareto.compress.compile import Compile
 from pareto.compress.cpu import Int8DotProducts
 from pareto.compress.kernels import kernel_reason
-from pareto.compress.onnxrt import device_reason
+from pareto.compress.onnxrt import device_reason, graph_file_reason
 from pareto.compress.pipeline import Config
 from pareto.devices import on_device
 
@@ -26,7 +26,12 @@ if TYPE_CHECKING:
 
 def technique_reason(technique: Technique, device: str, task: Task | None = None) -> str | None:
     """Why ``technique`` cannot run on ``device`` for ``task``, or None: its own checks, then on a CUDA
-    device a probe through its real kernels (``pareto.compress.kernels``)."""
+    device a probe through its real kernels (``pareto.compress.kernels``). On a graph read from an ONNX
+    file only ONNX Runtime's passes run."""
+    if task is not None:
+        why = graph_file_reason(technique.name, technique.on_graph, task.model)
+        if why is not None:
+            return why
     return technique.available(device, task) or kernel_reason(technique, device)
 
 
@@ -42,6 +47,8 @@ def backend_reason(backend: str, device: str) -> str | None:
 def why_not_here(config: Config, task: Task | None, device: str) -> str | None:
     """Why ``config`` cannot be built on ``device`` here (its backend, or one of its techniques), or None."""
     why = backend_reason(config.backend, device)
+    if why is None and config.backend == "compile" and task is not None:
+        why = graph_file_reason("torch.compile", False, task.model)
     if why is not None:
         return f"the {config.backend} backend: {why.rstrip('.')}"
     for technique in config.techniques:

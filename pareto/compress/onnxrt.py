@@ -18,6 +18,7 @@ LayerNorm, GELU and bias fusions), so that the quantizer sees the fused operator
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 import tempfile
@@ -35,6 +36,7 @@ from pareto.compress.tracing import calibration_inputs, first_line, quiet, trace
 from pareto.devices import as_args
 from pareto.errors import NoEffect, TechniqueError
 from pareto.measure.environment import onnxruntime_version
+from pareto.tasks.onnx_graph import OrtModule
 
 if TYPE_CHECKING:
     import onnx
@@ -89,72 +91,6 @@ def export_onnx(model: nn.Module, task: Task) -> onnx.ModelProto:
         raise TechniqueError(f"the model cannot be exported to ONNX: {type(exc).__name__}: {first_line(exc)}") from exc
 
 
-class OrtModule(nn.Module):
-    """An ONNX Runtime CPU session that is called like the module it was exported from.
-
-    Inputs are torch tensors (passed to ORT without a copy where their memory allows); outputs come
-    back as torch tensors, one tensor for a one-output graph, else a tuple. The session uses
-    ``torch.get_num_threads()`` intra-op threads and one inter-op thread, read at the first call and
-    whenever it changes (a new session then, during warm-up: pareto sets threads before it times).
-    Its threads do not spin while idle (``session.intra_op.allow_spinning=0``): spinning workers take
-    the cores from whatever runs next, which in an interleaved measurement is another model.
-
-    Attributes:
-        source: The PyTorch module that was exported (not a submodule: its weights are not the
-            session's); FLOPs and activations are counted on it (``Served.source``).
-        onnx_bytes: The serialized graph, as ``pareto export`` writes it.
-    """
-
-    def __init__(self, proto: onnx.ModelProto, source: nn.Module) -> None:
-        super().__init__()
-        from onnx import numpy_helper
-
-        self.onnx_bytes: bytes = proto.SerializeToString()
-        self.source: nn.Module
-        object.__setattr__(self, "source", source)
-        for index, initializer in enumerate(proto.graph.initializer):
-            tensor = torch.from_numpy(numpy_helper.to_array(initializer).copy())
-            name = f"initializer_{index}"
-            if tensor.dim() >= 2:
-                self.register_parameter(name, nn.Parameter(tensor, requires_grad=False))
-            else:
-                self.register_buffer(name, tensor, persistent=False)
-        self._session: Any = None
-        self._threads = 0
-        self._names: list[str] = []
-
-    def session(self) -> Any:
-        """The ORT session, built (again) when torch's thread count changed since the last one."""
-        threads = torch.get_num_threads()
-        if self._session is None or threads != self._threads:
-            import onnxruntime as ort
-
-            options = ort.SessionOptions()
-            options.intra_op_num_threads = threads
-            options.inter_op_num_threads = 1
-            options.log_severity_level = 3  # errors only
-            # ORT's idle workers spin by default: on a small machine they slowed the next model's call
-            # (or the contention probe) 7-12x at the median here (benchmarks/ort_spinning.py)
-            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-            options.add_session_config_entry("session.inter_op.allow_spinning", "0")
-            self._session = ort.InferenceSession(self.onnx_bytes, options, providers=["CPUExecutionProvider"])
-            self._names = [i.name for i in self._session.get_inputs()]
-            self._threads = threads
-        return self._session
-
-    def feed(self, args: tuple[Any, ...]) -> dict[str, Any]:
-        """The session's input feed for ``model(*args)``: each tensor by its graph input's name, as numpy."""
-        tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        if len(tensors) != len(self._names):
-            raise TypeError(f"the ONNX graph takes {len(self._names)} tensor inputs, got {len(tensors)}")
-        return {name: t.detach().cpu().contiguous().numpy() for name, t in zip(self._names, tensors, strict=True)}
-
-    def forward(self, *args: Any) -> Any:
-        session = self.session()
-        outputs = [torch.from_numpy(o) for o in session.run(None, self.feed(args))]
-        return outputs[0] if len(outputs) == 1 else tuple(outputs)
-
-
 #: ONNX Runtime ops that compute in int8: a graph with any of them computes in int8.
 INTEGER_OPS = frozenset(
     {
@@ -173,12 +109,17 @@ def graph_compute_dtype(proto: onnx.ModelProto) -> str:
     return "int8" if {node.op_type for node in proto.graph.node} & INTEGER_OPS else "fp32"
 
 
-def serving_note() -> str:
-    """How an ``OrtModule`` is served, for the measurement's method."""
-    return (
+def serving_note(module: OrtModule | None = None) -> str:
+    """How an ``OrtModule`` is served, for the measurement's method (a file's graph: so said)."""
+    served = (
         f"served by ONNX Runtime {onnxruntime_version()} (CPUExecutionProvider, intra-op threads = torch's, "
-        "inter-op 1, no idle spinning) from a torch.onnx dynamo export; FLOPs and activations counted on "
-        "the exported PyTorch module, parameters on the graph's initializers"
+        "inter-op 1, no idle spinning)"
+    )
+    if module is not None and module.counted is not None:
+        return f"{served} from the ONNX file as given; FLOPs and activations counted on the file's graph"
+    return (
+        f"{served} from a torch.onnx dynamo export; FLOPs and activations counted on the exported PyTorch "
+        "module, parameters on the graph's initializers"
     )
 
 
@@ -189,7 +130,7 @@ def _served(module: OrtModule, proto: onnx.ModelProto, seconds: float) -> Step:
         module,
         seconds=seconds,
         compute_dtype=graph_compute_dtype(proto),
-        notes=(serving_note(),),
+        notes=(serving_note(module),),
         source=module.source,
         ready=module.session,
     )
@@ -206,6 +147,8 @@ def to_onnxruntime(model: nn.Module, task: Task) -> Step:
     reason = device_reason(str(model_device(model)))
     if reason is not None:
         raise TechniqueError(reason)
+    if isinstance(model, OrtModule):  # a graph read from an ONNX file: served as it is
+        return opened(model)
     start = time.perf_counter()
     proto = export_onnx(model, task)
     try:
@@ -214,6 +157,28 @@ def to_onnxruntime(model: nn.Module, task: Task) -> Step:
         raise TechniqueError(f"the exported graph cannot be loaded: {type(exc).__name__}: {first_line(exc)}") from exc
     _first_call(module, task)
     return _served(module, proto, time.perf_counter() - start)
+
+
+#: What runs on a graph read from an ONNX file: ONNX Runtime's own passes.
+GRAPH_PASSES = ("ort_int8_dynamic", "ort_int8_static", "ort_fuse")
+
+
+def graph_file_reason(name: str, on_graph: bool, model: object) -> str | None:
+    """Why technique ``name`` (``on_graph``: it rewrites an ONNX graph) cannot run on ``model`` when that is
+    a graph read from an ONNX file, or None."""
+    if on_graph or not isinstance(model, OrtModule) or model.counted is None:
+        return None
+    return (
+        f"{name} works on PyTorch modules, and a model read from an ONNX file is a graph ONNX Runtime runs; "
+        f"on it run {', '.join(GRAPH_PASSES)} and the batch size"
+    )
+
+
+def opened(module: OrtModule) -> Step:
+    """``module`` (a graph already in ONNX Runtime, read from a file) as its serving step: nothing built."""
+    import onnx
+
+    return dataclasses.replace(_served(module, onnx.load_from_string(module.onnx_bytes), 0.0), seconds=None)
 
 
 def _first_call(module: OrtModule, task: Task) -> None:
@@ -272,7 +237,7 @@ class _OrtGraphPass(Technique):
             except Exception as exc:  # ORT's quantizer refuses some graphs: the trial fails with its reason
                 raise TechniqueError(f"{self.describe()} failed: {type(exc).__name__}: {first_line(exc)}") from exc
             proto = onnx.load(str(target))
-        quantized = OrtModule(proto, model.source)
+        quantized = model.rebuilt(proto)
         opened = time.perf_counter()
         _first_call(quantized, task)
         # the export and the sessions count as build time (the pipeline adds them up, apart from latency);
@@ -388,6 +353,8 @@ class OrtInt8Static(_OrtGraphPass):
         "train_data (onnxruntime backend)"
     )
     order_in_family: ClassVar[int] = 11
+    #: two int8 quantizers of one graph: the second finds the products the first quantized
+    excludes: ClassVar[frozenset[str]] = frozenset({"ort_int8_dynamic"})
 
     per_channel: bool = True
 

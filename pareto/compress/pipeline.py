@@ -138,8 +138,13 @@ def apply(
     Raises:
         TechniqueError: a technique broke on this model, or the backend cannot serve it (the reason is kept).
     """
+    from pareto.compress.onnxrt import graph_file_reason
     from pareto.devices import model_device, on_device, torch_threads
 
+    for technique in config.techniques:
+        why = graph_file_reason(technique.name, technique.on_graph, model)
+        if why is not None:
+            raise TechniqueError(why)
     where = device if device is not None else str(model_device(model))
     compressed = copy.deepcopy(model).eval().to(where)
     view = dataclasses.replace(on_device(task, where), batch_size=config.batch_size)
@@ -206,14 +211,21 @@ def _serve(served: Served, config: Config, task: Task) -> Step:
     """``served.module`` on the configuration's backend, with the seconds that took (None on eager)."""
     if config.backend == "compile":
         from pareto.compress.compile import Compile
+        from pareto.compress.onnxrt import graph_file_reason
+
+        why = graph_file_reason("compile", False, served.module)
+        if why is not None:
+            raise TechniqueError(why)
 
         compile_ = Compile()  # the compile technique in its default mode; a PT2E graph with Inductor's freezing
         build = functools.partial(compile_.build, served.module, task, freezing=served.inductor_freezing)
         return _reason_kept(compile_, build)
-    if config.backend == "onnxruntime":
-        from pareto.compress.onnxrt import to_onnxruntime
+    from pareto.compress.onnxrt import OrtModule, opened, to_onnxruntime
 
+    if config.backend == "onnxruntime":
         return to_onnxruntime(served.module, task)
+    if isinstance(served.module, OrtModule):  # an ONNX file's graph: ONNX Runtime is where it runs
+        return opened(served.module)
     return Step(served.module)
 
 

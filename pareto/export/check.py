@@ -228,6 +228,21 @@ def _close(actual: Any, expected: Any, rtol: float, atol: float) -> bool:
     return True
 
 
+def graph_args(model: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The arguments the artifact is called with: an ONNX file's graph takes its own inputs, in order (the
+    task's ``input_ids`` and ``attention_mask`` and the zeros the model feeds as ``token_type_ids``)."""
+    by_graph = getattr(model, "graph_args", None)
+    return tuple(by_graph(args)) if callable(by_graph) else args
+
+
+def served_output(model: nn.Module, outputs: Any) -> Any:
+    """The artifact's output the model returns: a graph with several outputs read by name (an ONNX file's
+    ``logits``) gives that one, as the model does."""
+    index = getattr(model, "output_index", None)
+    at = index() if callable(index) else None
+    return outputs[at] if at is not None and isinstance(outputs, tuple | list) else outputs
+
+
 def _other_batch(
     task: Task, model: nn.Module, artifact: Artifact, batch: int
 ) -> tuple[tuple[Any, ...] | None, Any, str | None]:
@@ -242,7 +257,7 @@ def _other_batch(
 
     reference = model if artifact.inductor_freezing else getattr(model, "_orig_mod", model)
     try:
-        args = as_args(task.example_input(batch))
+        args = graph_args(model, as_args(task.example_input(batch)))
         with torch.inference_mode():
             return args, reference(*args), None
     except Exception as exc:  # the task or model takes one batch size only: the check says so
@@ -271,7 +286,7 @@ def reload_check(
 
     from pareto.devices import as_args
 
-    args = as_args(task.example_input(config.batch_size))
+    args = graph_args(model, as_args(task.example_input(config.batch_size)))
     with torch.inference_mode():
         expected = _clone(model(*args))  # cloned: a CUDA-graph compiled model reuses its output buffers
     other_batch = 1 if config.batch_size != 1 else 2
@@ -283,7 +298,7 @@ def reload_check(
         if fresh_process
         else "in the exporting process"
     )
-    actual = loaded["outputs"][0]
+    actual = served_output(model, loaded["outputs"][0])
     if actual is None:
         raise ParetoError(
             f"The exported artifact of trial {selection.trial} fails on example_input({config.batch_size}) "
@@ -296,7 +311,7 @@ def reload_check(
             f"The reloaded artifact's outputs differ from the compressed model's (max abs difference {diff:.3g}, "
             f"beyond rtol {rtol:g} and atol {atol:g}), so trial {selection.trial} was not exported."
         )
-    other = loaded["outputs"][1] if len(batches) > 1 else None
+    other = served_output(model, loaded["outputs"][1]) if len(batches) > 1 else None
     check = {
         "method": (
             f"loaded with {_LOADERS[artifact.format]} {where}"

@@ -27,6 +27,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from torch.utils.flop_counter import FlopCounterMode
 
 from pareto.devices import as_args
+from pareto.measure.graph_cost import counted_graph
 from pareto.measure.memory import eager_module, params_bytes, stored_bytes_by_module, tensor_bytes
 
 #: How ``count_flops`` and ``layer_costs`` count; stored with the numbers.
@@ -137,8 +138,18 @@ def compute_cost(
 
     An ONNX Runtime module's FLOPs are counted on ``source``, the module it was exported from
     (``pareto.compress.Served.source``: ORT's kernels are not visible to torch); its bytes moved use
-    the served graph's weights.
+    the served graph's weights. A graph read from an ONNX file counts its FLOPs on itself
+    (``pareto.measure.graph_cost``).
     """
+    graph = counted_graph(source if source is not None else model, as_args(inputs))
+    if graph is not None:  # a graph read from an ONNX file counts its own (no PyTorch module behind it)
+        moved = bytes_moved(model, inputs)
+        return ComputeCost(
+            flops=graph.flops,
+            bytes_moved=moved,
+            arithmetic_intensity=arithmetic_intensity(graph.flops, moved),
+            method=f"FLOPs: {graph.flops_method}; bytes: {BYTES_METHOD}",
+        )
     trace = _trace(source if source is not None else model, inputs)
     moved = bytes_moved(model, inputs, trace.outputs)
     return ComputeCost(

@@ -17,6 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper
 
 from pareto.devices import as_args
 from pareto.errors import UsageError
+from pareto.measure.graph_cost import GRAPH_ACTIVATION_METHOD, counted_graph
 
 if TYPE_CHECKING:
     from pareto.task import AttentionShape
@@ -124,6 +125,9 @@ def activation_bytes(
     """
     model = model.eval()
     args = as_args(inputs)
+    graph = counted_graph(source if source is not None else model, args)
+    if graph is not None:  # a graph read from an ONNX file: counted on its nodes (pareto.measure.graph_cost)
+        return graph.activation_bytes
     with torch.inference_mode():
         if device.startswith("cuda"):
             return _cuda_peak_bytes(model, args, device)
@@ -234,8 +238,10 @@ def memory_breakdown(
     """
     element = kv_bytes_per_element if kv_bytes_per_element is not None else _float_element_size(model)
     kv = kv_cache_bytes(attention, batch_size, element)
+    graph = counted_graph(source if source is not None else model, as_args(inputs))
+    activations = GRAPH_ACTIVATION_METHOD if graph is not None else activation_method(device)
     method = (
-        f"params: bytes as stored; activations: {activation_method(device)}; "
+        f"params: bytes as stored; activations: {activations}; "
         + (
             f"KV cache: 2 x {attention.layers} layers x {attention.sequence} tokens x "
             f"{attention.width} width x {element} B x batch {batch_size}; "

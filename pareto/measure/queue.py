@@ -17,6 +17,7 @@ is its batch's completion minus its arrival. A rate's P99 bound comes from indep
 from __future__ import annotations
 
 import bisect
+import functools
 import heapq
 import math
 from collections.abc import Iterator, Mapping, Sequence
@@ -602,14 +603,23 @@ def capacity(
     high = max(service.saturation_qps(b.max_batch) * b.instances for b in chosen)
     low = high * _LOW_FRACTION
     high *= min(1.0, settled_fraction(settle) * (1 + 1e-9))  # a miss: above it no rate settles
-    kwargs: dict[str, Any] = {"requests": requests, "seed": seed, "confidence": confidence, "settle": settle}
-    kwargs["replications"], kwargs["min_span_s"] = replications, min_span_s
-    best = best_at_rate(low, service, chosen, **kwargs)
+    at_rate = functools.partial(
+        best_at_rate,
+        service=service,
+        batchers=chosen,
+        requests=requests,
+        seed=seed,
+        confidence=confidence,
+        settle=settle,
+        replications=replications,
+        min_span_s=min_span_s,
+    )
+    best = at_rate(low)
     if not _meets(best, slo):
         return None
     while high / low - 1.0 > tol:
         middle = math.sqrt(low * high)
-        point = best_at_rate(middle, service, chosen, **kwargs)
+        point = at_rate(middle)
         if _meets(point, slo):
             low, best = middle, point
         else:

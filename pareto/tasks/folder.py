@@ -41,9 +41,10 @@ from pareto.task import AttentionShape, Task
 from pareto.tasks.hf import folder_kind, label_ids, macro_f1, model_folder, quiet, read_json, transformers_offline
 from pareto.tasks.images import make_image_task
 from pareto.tasks.minilm import embedding_fidelity
-from pareto.tasks.program import Program, ProgramShape, load_program, quiet_copies
+from pareto.tasks.onnx_graph import load_model_file
+from pareto.tasks.program import Program, ProgramShape, quiet_copies
 from pareto.tasks.rows import Rows, read_rows
-from pareto.tasks.source import ModelSource
+from pareto.tasks.source import ONNX, PROGRAM, ModelSource
 
 __all__ = ["BUCKETS", "Classifier", "SentencePooler", "make_task", "padded_length"]
 
@@ -143,15 +144,20 @@ def _load_quietly(source: ModelSource, kind: str) -> tuple[nn.Module, Any, Any, 
         if kind == "classifier":
             tokenizer = hf.AutoTokenizer.from_pretrained(folder, **remote)
             if program is not None:
-                model, lengths = load_program(program, TEXT_INPUTS, "logits")
+                model, lengths = load_model_file(program, TEXT_INPUTS, "logits")
                 return model, tokenizer, hf.AutoConfig.from_pretrained(folder, **remote), lengths
             inner = hf.AutoModelForSequenceClassification.from_pretrained(folder, dtype=torch.float32, **remote)
             return Classifier(inner).eval(), tokenizer, inner.config, ProgramShape()
+        if program is not None and program.suffix == ONNX:
+            raise TaskError(
+                f"{program.name} is an ONNX file in a sentence-transformers folder, whose pooling runs outside "
+                f"the graph; pareto reads such a folder itself or a {PROGRAM} program of its transformer."
+            )
         mode, normalize, sub = _pooling(folder)
         where = folder / sub
         tokenizer = hf.AutoTokenizer.from_pretrained(where, **remote)
         if program is not None:  # the program is the transformer; the folder's pooling follows it
-            transformer, lengths = load_program(program, TEXT_INPUTS, "last_hidden_state")
+            transformer, lengths = load_model_file(program, TEXT_INPUTS, "last_hidden_state")
             config = hf.AutoConfig.from_pretrained(where, **remote)
             return SentencePooler(transformer, mode, normalize).eval(), tokenizer, config, lengths
         inner = hf.AutoModel.from_pretrained(where, dtype=torch.float32, **remote)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pareto.errors import TaskError
-from pareto.tasks.source import PROGRAM, ModelSource
+from pareto.tasks.source import GRAPH_FILES, ONNX, PROGRAM, ModelSource
 
 __all__ = [
     "SUPPORTED",
@@ -43,25 +43,25 @@ def read_json(path: Path) -> dict[str, object]:
 
 
 def model_folder(source: ModelSource) -> Path:
-    """The Hugging Face folder of a source: the model itself, or the folder a ``.pt2`` program lies in."""
+    """The Hugging Face folder of a source: the model itself, or the folder a ``.pt2`` program or an ``.onnx``
+    file lies in."""
     path = Path(source.model)
     return path.parent if path.is_file() else path
 
 
 def folder_kind(source: ModelSource) -> str:
     """ "classifier", "image" or "sentence", told from the folder's ``config.json`` and ``modules.json`` (a
-    ``.pt2`` program's: the folder it lies in).
+    ``.pt2`` program's or an ``.onnx`` file's: the folder it lies in).
 
     Raises:
-        TaskError: not a folder of a supported kind (or a file other than a program); custom code without
-            ``trust_remote_code``.
+        TaskError: not a folder of a supported kind (or a file other than a program or an ONNX file);
+            custom code without ``trust_remote_code``.
     """
     given = Path(source.model)
-    if given.is_file() and given.suffix != PROGRAM:
-        what = "an ONNX file" if given.suffix == ".onnx" else "a file"
+    if given.is_file() and given.suffix not in GRAPH_FILES:
         raise TaskError(
-            f"{given.name} is {what}; {SUPPORTED}, or a torch.export program ({PROGRAM}) in such a folder "
-            "(ONNX files are not read yet: give the folder they were exported from)."
+            f"{given.name} is a file; {SUPPORTED}, or a torch.export program ({PROGRAM}) or an ONNX file "
+            f"({ONNX}) in such a folder."
         )
     folder = model_folder(source)
     if not (folder / "config.json").is_file():

@@ -22,7 +22,7 @@ from torch import nn
 from pareto.errors import TaskError
 from pareto.task import Task
 from pareto.tasks.hf import label_ids, macro_f1, model_folder, quiet, transformers_offline
-from pareto.tasks.program import load_program
+from pareto.tasks.onnx_graph import load_model_file
 from pareto.tasks.rows import Rows, read_image_rows
 from pareto.tasks.source import ModelSource
 
@@ -54,7 +54,7 @@ def _load(source: ModelSource) -> tuple[nn.Module, Any, Any]:
         try:
             processor = hf.AutoImageProcessor.from_pretrained(folder, **remote)
             if Path(source.model).is_file():  # a torch.export program in the folder
-                program, _ = load_program(Path(source.model), ("pixel_values",), "logits")
+                program, _ = load_model_file(Path(source.model), ("pixel_values",), "logits")
                 return program, processor, hf.AutoConfig.from_pretrained(folder, **remote)
             inner = hf.AutoModelForImageClassification.from_pretrained(folder, dtype=torch.float32, **remote)
         except TaskError:

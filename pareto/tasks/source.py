@@ -18,7 +18,9 @@ from pareto.errors import TaskError
 from pareto.tasks.rows import file_digest, listed_images
 
 __all__ = [
+    "GRAPH_FILES",
     "METRICS",
+    "ONNX",
     "PADDINGS",
     "PREFIX",
     "PROGRAM",
@@ -33,6 +35,10 @@ __all__ = [
 PREFIX = "model:"
 #: The suffix of a torch.export program given as the model (in its Hugging Face folder).
 PROGRAM = ".pt2"
+#: The suffix of an ONNX file given as the model (in its Hugging Face folder), served by ONNX Runtime.
+ONNX = ".onnx"
+#: The model files read from a folder (the folder gives the kind, the labels and the tokenizer).
+GRAPH_FILES = (PROGRAM, ONNX)
 #: How a served text model's requests are shaped: at the request's own length (each batch padded to its
 #: longest row), padded up to the next length bucket (``BUCKETS``), or always to the model's max length.
 PADDINGS = ("request", "bucket", "max")
@@ -85,7 +91,7 @@ class ModelSource:
             if not model_path.exists():
                 raise TaskError(
                     f"No model at {str(model)[:200]!r}: give a Hugging Face model folder (or a {PROGRAM} "
-                    "program in one)."
+                    f"program or an {ONNX} file in one)."
                 )
             if not data_path.exists():
                 raise TaskError(
@@ -107,9 +113,10 @@ class ModelSource:
 
     @property
     def name(self) -> str:
-        """The task's name: the model folder's name (a program's: its folder's and its own, ``clf-model``)."""
+        """The task's name: the model folder's name (a program's or an ONNX file's: its folder's and its own,
+        ``clf-model``)."""
         path = Path(self.model)
-        if path.suffix == PROGRAM:
+        if path.suffix in GRAPH_FILES:
             return f"{path.parent.name}-{path.stem}"
         return path.name or "model"
 
@@ -168,9 +175,9 @@ def is_source_ref(ref: str) -> bool:
 
 
 def model_digest(path: Path) -> str:
-    """The digest of what a model is read from: its folder (a program's: the folder it lies in, whose
-    config and tokenizer it is read with)."""
-    return folder_digest(path.parent if path.suffix == PROGRAM and path.is_file() else path)
+    """The digest of what a model is read from: its folder (a program's or an ONNX file's: the folder it lies
+    in, whose config and tokenizer it is read with)."""
+    return folder_digest(path.parent if path.suffix in GRAPH_FILES and path.is_file() else path)
 
 
 def data_digest(path: Path, image_field: str) -> str:
