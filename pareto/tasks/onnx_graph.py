@@ -14,6 +14,7 @@ change PyTorch layers find none and say so (``pareto techniques --model FILE``).
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,7 +45,7 @@ class OrtModule(nn.Module):
     Its threads do not spin while idle (``session.intra_op.allow_spinning=0``): spinning workers take
     the cores from whatever runs next, which in an interleaved measurement is another model.
 
-    A graph read from a user's ONNX file (``pareto.tasks.onnx_file``) has no PyTorch module behind it:
+    A graph read from a user's ONNX file (``load_onnx``) has no PyTorch module behind it:
     its callers pass the tensors ``given`` names (a graph input named ``token_type_ids`` that is not
     given is fed zeros shaped like ``input_ids``), the ``output`` it names is returned, and its FLOPs and
     activations are counted on the file's graph (``counted``, ``pareto.measure.graph_cost``).
@@ -173,15 +174,13 @@ def load_onnx(path: Path, given: tuple[str, ...], output: str) -> tuple[OrtModul
         TaskError: ONNX Runtime is not installed; the file is not an ONNX model; it takes an input pareto
             cannot give or lacks one the task needs; its batch axis was exported fixed.
     """
+    if any(importlib.util.find_spec(name) is None for name in ("onnx", "onnxruntime")):
+        raise TaskError(f"{path.name} is an ONNX file, served by ONNX Runtime: pip install 'pareto-slo[onnx]'.")
+    import onnx
+
     try:
-        import onnx
-    except ImportError as exc:
-        raise TaskError(
-            f"{path.name} is an ONNX file, served by ONNX Runtime: pip install 'pareto-slo[onnx]'."
-        ) from exc
-    try:
+        onnx.checker.check_model(str(path))  # by path: a graph whose weights lie in a file beside it
         proto = onnx.load(str(path))
-        onnx.checker.check_model(proto)
     except Exception as exc:  # not an ONNX model, or one ONNX's checker refuses: the first line of why
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise TaskError(f"{path.name} cannot be read as an ONNX model: {first[:200]}") from exc
