@@ -1,7 +1,7 @@
 """Simulations behind the nightly's noise band and change points: false alarms and detection rates.
 
 The nightly calls a night slower when a drift-corrected statistic is above its level by more than the
-noise band learned from the study's history (``pareto.drift.stats``). How often does that band call an
+noise band learned from the study's history (``pareto.nightly_job.stats``). How often does that band call an
 unchanged night slower, and how often does it find a 1.25× or 1.5× slower model, for a study with 8,
 15 or 30 nights of history? And how often does e-divisive means report a slower change point in 30
 unchanged nights, or miss a creep of 3 % a night over 10 nights? Each answer here is from simulated
@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from pareto.drift.history import DriftHistory, slower_change_point
-from pareto.drift.stats import FALSE_ALARM, STATISTICS, level, noise_band, residuals
+from pareto.nightly_job.history import DriftHistory, slower_change_point
+from pareto.nightly_job.stats import FALSE_ALARM, STATISTICS, level, noise_band, residuals
 
 
 def measured_residuals(db: str, study: str) -> dict[str, np.ndarray]:

@@ -15,7 +15,7 @@ from pareto._version import __version__ as __version__
 # the public API (``__all__``), imported on first use (PEP 562) so that ``import pareto.X`` loads X and
 # what it needs only: a read's cold start is Python's and the database driver's. No function here
 # shares its name with a module of the package (a test checks): the search runs in `pareto.study`,
-# the nightly job in `pareto.drift`, the frontier in `pareto.front`
+# the nightly job in `pareto.nightly_job`, the frontier in `pareto.front`
 __all__ = [
     "AttentionShape",
     "Limits",

@@ -43,7 +43,7 @@ from pareto.task import load_task
 from pareto.tasks.source import score_name
 
 if TYPE_CHECKING:
-    from pareto.drift.nightly import NightlyResult
+    from pareto.nightly_job.job import NightlyResult
     from pareto.spec import NightlySettings, SearchSpec
     from pareto.study.search import Reporter, SearchResult
 
@@ -249,12 +249,12 @@ def nightly(
     reporter: Reporter | None = None,
     notice: Any = None,
 ) -> NightlyResult:
-    """Run one nightly job of ``spec.study_name`` (imports torch and Optuna); see ``pareto.drift.nightly``.
+    """Run one nightly job of ``spec.study_name`` (imports torch and Optuna); see ``pareto.nightly_job.job``.
 
     Raises:
         LockHeld: another nightly of the study is running (exit code 75).
     """
-    from pareto.drift.nightly import run_nightly
+    from pareto.nightly_job.job import run_nightly
     from pareto.spec import NightlySettings
 
     return run_nightly(

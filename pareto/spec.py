@@ -672,10 +672,10 @@ def load_stored_spec(path: str | os.PathLike[str]) -> SearchSpec:
         raise UsageError(f"Cannot read the spec {path}: {exc}.") from exc
 
 
-#: The nightly's rules' defaults (``pareto.drift``): one pass's chance of calling an unchanged night
+#: The nightly's rules' defaults (``pareto.nightly_job``): one pass's chance of calling an unchanged night
 #: slower (one-sided; the second pass lowers it further).
 DEFAULT_FALSE_ALARM = 0.01
-#: A P99 must grow by more than this factor to count as slower (``pareto.drift.regression``'s absolute
+#: A P99 must grow by more than this factor to count as slower (``pareto.nightly_job.regression``'s absolute
 #: rule). asv's default is 1.1, for a dedicated benchmark machine; between two nightlies on a shared
 #: 2-core cloud VM the same configuration's P99 moved by up to 1.6x with nothing changed (BENCHMARKS.md),
 #: and rounds within one run share that run's state, so the U test alone cannot tell such drift from a
@@ -692,7 +692,7 @@ class NightlySettings(_Strict):
     #: re-measure the pick and up to this many other frontier configurations (0: the pick alone)
     remeasure_top: int = Field(default=4, ge=0)
     #: one pass's chance of calling an unchanged night slower, on the drift-corrected P99 (the noise
-    #: band is this far out in the spread the study's history shows; see pareto.drift.stats)
+    #: band is this far out in the spread the study's history shows; see pareto.nightly_job.stats)
     false_alarm: float = Field(default=DEFAULT_FALSE_ALARM, gt=0, lt=0.5)
     #: for a configuration with no drift-corrected history yet: its absolute P99 must grow beyond this
     #: factor, and significantly, to count as slower

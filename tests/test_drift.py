@@ -10,9 +10,6 @@ import numpy as np
 import pytest
 import torch
 
-from pareto.drift.history import DriftHistory, NightDrift, whose
-from pareto.drift.regression import compare_corrected
-from pareto.drift.stats import DEFAULT_SIGMA, MIN_HISTORY, change_points, level, noise_band, residuals
 from pareto.measure.reference import (
     KIND,
     Reference,
@@ -23,6 +20,9 @@ from pareto.measure.reference import (
     size_reference,
     thaw,
 )
+from pareto.nightly_job.history import DriftHistory, NightDrift, whose
+from pareto.nightly_job.regression import compare_corrected
+from pareto.nightly_job.stats import DEFAULT_SIGMA, MIN_HISTORY, change_points, level, noise_band, residuals
 
 SIGMA = {"p50": 0.015, "p99": 0.08}
 

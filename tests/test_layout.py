@@ -97,7 +97,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("compress", ("pareto.compress",)),
     ("spec", ("pareto.spec",)),
     ("study", ("pareto.study",)),
-    ("drift", ("pareto.drift",)),
+    ("nightly job", ("pareto.nightly_job",)),
     ("api", ("pareto.api",)),
     ("outputs", ("pareto.report", "pareto.export")),
     ("entry points", ("pareto.serve", "pareto._cli", "pareto.__main__")),

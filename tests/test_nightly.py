@@ -15,8 +15,8 @@ import pytest
 from sqlalchemy import func, select
 
 import pareto
-from pareto.drift.nightly import run_nightly
 from pareto.errors import ParetoError, UsageError
+from pareto.nightly_job.job import run_nightly
 from pareto.spec import NightlySettings, SearchSpec, load_nightly
 from pareto.store.engine import open_engine, session_scope, upgrade
 from pareto.store.models import Measurement, NightlyRun, Trial
@@ -108,8 +108,8 @@ def test_nightly_unchanged_then_slower_model(db_url: str, tmp_path: Path, monkey
 
 
 def test_the_pick_stays_until_a_new_configuration_or_a_regression() -> None:
-    from pareto.drift.nightly import _Job
     from pareto.front import Candidate
+    from pareto.nightly_job.job import _Job
 
     def candidate(trial: int) -> Candidate:
         return Candidate("s", trial, {}, f"trial {trial}", {}, {})
@@ -322,7 +322,7 @@ def test_a_night_interrupted_after_its_search_confirmed_changes_no_answer(
 ) -> None:
     # a budget for new trials, so the night's search confirms (confirm_top 1, held); SIGTERM comes right
     # after the search: its confirmations and the night's re-measurements stay held, every read as before
-    from pareto.drift import nightly as _nightly
+    from pareto.nightly_job import job as _nightly
     from pareto.study import search as _search
 
     monkeypatch.delenv("PARETO_TEST_SLOWDOWN_MS", raising=False)
@@ -358,7 +358,7 @@ def test_a_night_interrupted_after_its_search_confirmed_changes_no_answer(
 def _first_pass_in_a_slow_spell(monkeypatch: pytest.MonkeyPatch) -> None:
     """The night's first re-measurement ran through a slow spell of the host (10x on every round); its second
     pass did not: a noisy night."""
-    from pareto.drift import nightly as _nightly
+    from pareto.nightly_job import job as _nightly
 
     real = _nightly.compare
     calls = {"n": 0}
@@ -402,7 +402,7 @@ def _preferred(db_url: str) -> dict[int, int]:
 def test_an_interrupted_night_changes_no_answer(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # SIGTERM (a CronJob's deadline) after the night's re-measurements were stored: they stay stored, held,
     # and best answers from what it answered before the night; the next night with a verdict promotes its own
-    from pareto.drift import nightly as _nightly
+    from pareto.nightly_job import job as _nightly
 
     monkeypatch.delenv("PARETO_TEST_SLOWDOWN_MS", raising=False)
     run_search(_spec(), db_url=db_url)

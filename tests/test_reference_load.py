@@ -124,7 +124,7 @@ def test_torchao_is_imported_before_a_program_that_holds_its_tensors_is_loaded(
 
 
 def test_the_nightly_loads_its_stored_reference_onto_the_bench_device(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pareto.drift.history import BenchReferences
+    from pareto.nightly_job.history import BenchReferences
     from pareto.store import storage
 
     blob, kind = freeze(_WithConstant().eval(), torch.randn(2, 8))
@@ -137,7 +137,7 @@ def test_the_nightly_loads_its_stored_reference_onto_the_bench_device(monkeypatc
 
 
 def test_a_stored_reference_that_does_not_match_its_digest_is_not_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pareto.drift.history import BenchReferences
+    from pareto.nightly_job.history import BenchReferences
     from pareto.store import storage
 
     blob, kind = freeze(_WithConstant().eval(), torch.randn(2, 8))

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from pareto.drift.regression import compare, min_rounds_for_test
+from pareto.nightly_job.regression import compare, min_rounds_for_test
 
 
 def _metrics(medians: list[float], p99: float, lower: float, upper: float) -> dict[str, Any]:

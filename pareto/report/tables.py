@@ -620,8 +620,8 @@ def _environment(env: dict[str, Any]) -> str:
 
 def nightly_card(summary: dict[str, Any]) -> Group:
     """A nightly job's outcome: status, environment changes, re-measured configurations, pick before and after."""
-    from pareto.drift.history import drift_lines
-    from pareto.drift.nightly import corrected_text
+    from pareto.nightly_job.history import drift_lines
+    from pareto.nightly_job.job import corrected_text
 
     status = summary["status"]
     style = "bold red" if status == NightStatus.REGRESSION else _NIGHT_COLOURS.get(status, "yellow")

@@ -19,7 +19,7 @@ the P50. Nights are compared on the logarithm of these ratios, each statistic on
   by 10–40 % between processes, the P50 by 1.5 % (an eager pruned pick), or about 5 % for an int8
   pick beside a frozen fp32 baseline (BENCHMARKS.md). A model that got slower is slower at every
   quantile and shows in the P50 first; a P99 past its band with the P50 at its level is no verdict
-  for one night (``pareto.drift.regression``), and a tail that stays is a change point in the P99 series.
+  for one night (``pareto.nightly_job.regression``), and a tail that stays is a change point in the P99 series.
 - **Change points**: e-divisive means (Matteson & James, "A nonparametric approach for multiple
   change point analysis of multivariate data", JASA 2014), the method Hunter and Apache Otava use for
   continuous benchmarking, over a configuration's nightly series, with a permutation test. It finds a

@@ -8,7 +8,7 @@ One job, for one study, holding the study's nightly lock (``pareto.locks.study_l
    baseline and the study's frozen reference, here (``pareto.study.confirmation.confirm``): stored as
    confirmations of this environment;
 4. compares each with its level over past nights with the machine's drift taken out, against the
-   noise band the study's history shows (``pareto.drift.history``, ``pareto.drift.regression``), and looks
+   noise band the study's history shows (``pareto.nightly_job.history``, ``pareto.nightly_job.regression``), and looks
    for a change point in the pick's series;
 5. spends the rest of its time budget on new trials (``pareto.study.search.run_search``);
 6. writes a Markdown and a JSON summary, and the history row ``pareto history`` shows.
@@ -40,12 +40,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from pareto.drift.history import BenchReferences, Measured, NightDrift, drift_lines, whose
-from pareto.drift.regression import Comparison, compare, compare_corrected, not_compared
 from pareto.errors import UsageError
 from pareto.front import Candidate, best_or_none, frontier, objective_metrics
 from pareto.limits import Constraints
 from pareto.locks import study_lock
+from pareto.nightly_job.history import BenchReferences, Measured, NightDrift, drift_lines, whose
+from pareto.nightly_job.regression import Comparison, compare, compare_corrected, not_compared
 from pareto.signals import handled
 from pareto.spec import NightlySettings, SearchSpec
 from pareto.store import storage

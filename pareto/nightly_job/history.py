@@ -4,7 +4,7 @@ Each nightly writes, in its summary's ``drift`` block, the reference workload it
 configuration measured beside it tonight, its P50 and P99, the reference's in the same rounds and
 their ratios (the drift-corrected P50 and P99). This module reads those blocks back: the reference to
 keep timing, each configuration's levels, the noise bands, and the series change points are looked
-for in (``pareto.drift.stats`` holds the statistics).
+for in (``pareto.nightly_job.stats`` holds the statistics).
 """
 
 from __future__ import annotations
@@ -15,7 +15,10 @@ import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pareto.drift.stats import (
+from pareto.errors import message_line
+from pareto.locks import gpu_work
+from pareto.measure.reference import Reference
+from pareto.nightly_job.stats import (
     STATISTICS,
     ChangePoint,
     NoiseBand,
@@ -25,9 +28,6 @@ from pareto.drift.stats import (
     noise_band,
     residuals,
 )
-from pareto.errors import message_line
-from pareto.locks import gpu_work
-from pareto.measure.reference import Reference
 from pareto.store import storage
 from pareto.store.records import NightStatus
 from pareto.study.bench import build
@@ -225,7 +225,7 @@ class NightDrift:
         """A slower change point in the trial's nightly series of either statistic, tonight included.
 
         A pick that moved lately has too few nights beside the reference for a change point to pass the
-        test (``pareto.drift.stats.nights_to_find_change``): a creep that goes on after the pick moved. Then the
+        test (``pareto.nightly_job.stats.nights_to_find_change``): a creep that goes on after the pick moved. Then the
         ``baseline``'s series is looked in too: the uncompressed model, measured every night, which a
         slower model slows too. ``new`` when the last night did not report a change point from (about)
         the same night.

@@ -3,7 +3,7 @@
 **Drift-corrected** (``compare_corrected``): the nightly times a frozen reference workload in the same
 rounds; the configuration's P50 and P99 over the reference's, tonight, are compared with those ratios'
 levels over past nights, and it is called slower when the P50's is above the noise band learned from
-the study's history (``pareto.drift.stats``); a P99 or an SLO that moved alone makes the night no verdict.
+the study's history (``pareto.nightly_job.stats``); a P99 or an SLO that moved alone makes the night no verdict.
 The baseline's own ratio says whether the model got slower or this configuration.
 
 **Absolute** (``compare``), for a configuration with no drift-corrected history yet: the rule
@@ -24,8 +24,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from pareto.drift.stats import NoiseBand
 from pareto.limits import p99_verdict
+from pareto.nightly_job.stats import NoiseBand
 from pareto.spec import DEFAULT_REGRESSION_P_VALUE, DEFAULT_REGRESSION_THRESHOLD
 
 #: A P99 must grow by more than this factor to count as slower; asv's significance level for its
@@ -160,7 +160,7 @@ def compare_corrected(
     noise band; a P99 above its band with the P50 at its level is no verdict.
 
     ``ratios`` holds, for "p50" and "p99", (statistic / the reference's) tonight over the
-    configuration's level of that ratio (``pareto.drift.history``); ``baseline_ratios`` the baseline's,
+    configuration's level of that ratio (``pareto.nightly_job.history``); ``baseline_ratios`` the baseline's,
     which say whether the whole model got slower (the baseline too) or this configuration alone;
     ``raw_p50_ratio`` the P50 tonight over its level as measured, the drift left in: a P50 slower with
     the drift taken out but not as measured is the drift's doing, no verdict (``_not_slower_as_measured``).
@@ -169,7 +169,7 @@ def compare_corrected(
     per cent wide. A P99 that grew while the P50 did not is what a neighbour's load does to one night
     on a shared machine as well as what a tail regression does; one night cannot tell them apart, so
     such a night, or an SLO missed on it, is no verdict (``inconclusive``), and a tail that stays
-    shows as a change point over the nights (``pareto.drift.stats``).
+    shows as a change point over the nights (``pareto.nightly_job.stats``).
     """
     over = [s for s in ("p50", "p99") if ratios[s] > bands[s].threshold]
     unmoved = _not_slower_as_measured(ratios, raw_p50_ratio, bands["p50"], reference_ratio) if "p50" in over else None
