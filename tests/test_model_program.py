@@ -142,11 +142,18 @@ def test_an_image_classifier_program_is_read_with_its_folders_processor(
 
     model_dir, images = image_folder
     model = transformers.AutoModelForImageClassification.from_pretrained(model_dir).eval()
-    pixels = torch.randn(2, 3, 32, 32)
-    dims = {"pixel_values": {0: torch.export.Dim("batch", max=256)}}
-    torch.export.save(
-        torch.export.export(model, (), {"pixel_values": pixels}, dynamic_shapes=dims), model_dir / "m.pt2"
-    )
+
+    class Images(torch.nn.Module):  # a user's wrapper: one input, named x, a tensor out
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.model(pixel_values=x).logits
+
+    dims = {"x": {0: torch.export.Dim("batch", max=256)}}
+    program = torch.export.export(Images().eval(), (torch.randn(2, 3, 32, 32),), dynamic_shapes=dims)
+    torch.export.save(program, model_dir / "m.pt2")
     try:
         eager = load_task(ModelSource.open(model_dir, images).ref())
         graph = load_task(ModelSource.open(model_dir / "m.pt2", images).ref())

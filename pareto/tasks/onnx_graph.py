@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from pareto.errors import TaskError
-from pareto.tasks.program import KNOWN_INPUTS, ProgramShape, load_program
+from pareto.tasks.program import ProgramShape, load_program, match_inputs
 from pareto.tasks.source import ONNX
 
 if TYPE_CHECKING:
@@ -187,12 +187,7 @@ def load_onnx(path: Path, given: tuple[str, ...], output: str) -> tuple[OrtModul
     stored = {i.name for i in proto.graph.initializer}
     inputs = [i for i in proto.graph.input if i.name not in stored]  # old exports list weights as inputs
     names = [i.name for i in inputs]
-    unknown = [n for n in names if n not in KNOWN_INPUTS or (n != "token_type_ids" and n not in given)]
-    if unknown or given[0] not in names:
-        raise TaskError(
-            f"{path.name} takes {', '.join(names) or 'no inputs'}; for this folder pareto gives it "
-            f"{', '.join(given)} (and token_type_ids as zeros)."
-        )
+    given = match_inputs(path.name, names, given)
     dims = [
         d.dim_value if d.HasField("dim_value") else None
         for d in inputs[names.index(given[0])].type.tensor_type.shape.dim

@@ -27,7 +27,7 @@ from torch import nn
 
 from pareto.errors import TaskError
 
-__all__ = ["Program", "ProgramShape", "load_program", "quiet_copies"]
+__all__ = ["Program", "ProgramShape", "load_program", "match_inputs", "quiet_copies"]
 
 #: The inputs pareto can give a program, by the names Hugging Face models take.
 KNOWN_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "pixel_values")
@@ -113,12 +113,7 @@ def load_program(path: Path, given: tuple[str, ...], output: str) -> tuple[Progr
         raise TaskError(f"{path.name} cannot be read as a torch.export program: {first[:200]}") from exc
     positional, kwargs = _example_inputs(program)
     names = [*(_user_inputs(program)[:positional]), *kwargs]
-    unknown = [n for n in names if n not in KNOWN_INPUTS or (n != "token_type_ids" and n not in given)]
-    if unknown or given[0] not in names:
-        raise TaskError(
-            f"{path.name} takes {', '.join(names) or 'no inputs'}; for this folder pareto gives it "
-            f"{', '.join(given)} (and token_type_ids as zeros)."
-        )
+    given = match_inputs(path.name, names, given)
     placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
     node = placeholders.get(given[0])
     shape = node.meta["val"].shape if node is not None and "val" in node.meta else None
@@ -130,6 +125,25 @@ def load_program(path: Path, given: tuple[str, ...], output: str) -> tuple[Progr
     lengths = _lengths(program, shape) if given[0] == "input_ids" and shape is not None else ProgramShape()
     module = Program(program.module(), given, tuple(names[:positional]), kwargs, output)
     return module, lengths
+
+
+def match_inputs(file: str, names: list[str], given: tuple[str, ...]) -> tuple[str, ...]:
+    """The names the task's tensors are passed by to a graph whose inputs are ``names``: ``given`` when the
+    graph takes those (and perhaps ``token_type_ids``, fed as zeros); the graph's one input, whatever its
+    name, when both sides have one (an image model exported as ``x`` or ``input``).
+
+    Raises:
+        TaskError: the graph takes an input pareto cannot give, or lacks the first one the task gives.
+    """
+    if len(names) == 1 and len(given) == 1:
+        return (names[0],)
+    unknown = [n for n in names if n not in KNOWN_INPUTS or (n != "token_type_ids" and n not in given)]
+    if unknown or given[0] not in names:
+        raise TaskError(
+            f"{file} takes {', '.join(names) or 'no inputs'}; for this folder pareto gives it "
+            f"{', '.join(given)} (and token_type_ids as zeros)."
+        )
+    return given
 
 
 def _example_inputs(program: Any) -> tuple[int, tuple[str, ...]]:
