@@ -270,6 +270,19 @@ def test_the_probe_reads_at_its_own_thread_count_whatever_the_process_runs_at(mo
         torch.set_num_threads(previous)
 
 
+def test_a_reading_after_work_over_the_limit_is_taken_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A vCPU waking from idle reads slow once (1.6x here), a neighbour slows every reading."""
+    probe = ContentionProbe("cpu", threads=1, limit=1.5)
+    monkeypatch.setattr(probe, "_work", lambda: None)
+    for times, busy in (([1.6, 1.05], False), ([1.6, 1.7], True), ([1.2, 9.0], False)):
+        given = iter(t * probe.quiet_ms for t in times)
+        taken = len(probe._readings)
+        monkeypatch.setattr(probe, "time_ms", given.__next__)
+        reading = probe.read_after_work()
+        assert (reading.ratio > probe.limit) is busy, times
+        assert len(probe._readings) - taken == (1 if times[0] <= 1.5 else 2)  # a quiet first reading is enough
+
+
 def test_adaptive_stops_at_once_on_a_clearly_met_slo() -> None:
     result = measure_latency(_mlp(8), torch.randn(1, 8), device="cpu", samples=662, warmup=5, threads=1,
                              slo_ms=1000.0, max_rounds=200)  # fmt: skip

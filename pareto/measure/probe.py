@@ -130,9 +130,20 @@ class ContentionProbe:
 
     def read_after_work(self) -> ProbeReading:
         """A reading taken right after some busy work, as the probe runs between rounds (a probe
-        after an idle pause is favoured by the scheduler and would look quieter than it is)."""
+        after an idle pause is favoured by the scheduler and would look quieter than it is).
+
+        A reading over the limit is taken once more at once, and the lower one returned: on a VM whose
+        vCPUs had idled (a load run's sleeps between arrivals, the two seconds ``wait_for_quiet`` waits)
+        the first reading after the work was 1.5-1.6x the quiet time with nothing else running, the
+        next ones 1.0-1.1x (2-vCPU Intel Xeon with AMX, 2026-12-08); each load run, the confirmation's
+        check and every ``wait_for_quiet`` then found a quiet machine busy. A neighbour that is really
+        there slows both readings."""
         self._work()
-        return self.read()
+        first = self.read()
+        if first.ratio <= self.limit:
+            return first
+        second = self.read()
+        return second if second.ratio < first.ratio else first
 
     def wait_for_quiet(self, timeout_s: float, *, settled: int = 3, every_s: float = 2.0) -> bool:
         """Wait until ``settled`` readings in a row are within the limit; False when ``timeout_s`` ran out."""
