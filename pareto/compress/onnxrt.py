@@ -8,7 +8,10 @@ the throughput sweep call it like any model. What the session holds is counted f
 its initializers are the module's parameters and buffers (weights of two or more dimensions are
 parameters, the rest buffers), so memory and compression ratio are those of the served graph. What
 ORT does inside a run is not visible from Python, so FLOPs and peak activations are those of the
-exported PyTorch module (``Served.source``), the same graph before ORT's fusions.
+exported PyTorch module (``Served.source``), the same graph before ORT's fusions. A model read from a
+user's ONNX file (``pareto.tasks.onnx_graph.load_onnx``) is served as given, only ONNX Runtime's passes
+run on it (``graph_file_reason``), and its FLOPs and activations are counted on the file's own graph
+(``pareto.measure.graph_cost``).
 
 ``ort_int8_dynamic`` quantizes the exported graph with ``onnxruntime.quantization.quantize_dynamic``:
 the tool a user would reach for without pareto. ``ort_fuse`` runs ONNX Runtime's own optimizer for
