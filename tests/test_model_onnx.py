@@ -161,6 +161,18 @@ def test_search_an_onnx_file_end_to_end_and_export_its_pick(
     assert onnx.load(str(out / "model.onnx")).graph == onnx.load(str(graph_file)).graph  # the file's graph as measured
 
 
+def test_an_onnx_file_on_onnx_runtime_with_no_technique_is_its_own_baseline(graph_file: Path, tmp_path: Path) -> None:
+    from pareto.study.search import run_search
+
+    data = _rows(tmp_path / "d.jsonl")
+    fast = {"threads": 1, "device": "cpu", "samples": 60, "warmup": 2, "rounds": 3, "contention_limit": None}
+    given = {"model": str(graph_file), "data": str(data), "space.techniques": {}, "search.n_trials": 3}
+    spec = load_spec(None, {**given, "slo.p99": "1s", "search.confirm_top": 0, "measure": fast})
+    result = run_search(spec, db_url=f"sqlite:///{tmp_path}/b.db")
+    assert result.measured == 1 and result.repeats >= 1  # the bare onnxruntime configuration: a repeat of trial 0
+    assert [c.trial for c in result.frontier] == [0]
+
+
 def test_an_image_classifier_onnx_file_is_read_with_its_folders_processor(
     image_folder: tuple[Path, Path],  # noqa: F811
 ) -> None:

@@ -166,10 +166,16 @@ def to_onnxruntime(model: nn.Module, task: Task) -> Step:
 GRAPH_PASSES = ("ort_int8_dynamic", "ort_int8_static", "ort_fuse")
 
 
+def is_graph_file(model: object) -> bool:
+    """Whether ``model`` is a graph read from an ONNX file, which ONNX Runtime serves as it is: on the
+    onnxruntime backend with no technique it is its own baseline (the search answers it as a repeat)."""
+    return isinstance(model, OrtModule) and model.counted is not None
+
+
 def graph_file_reason(name: str, on_graph: bool, model: object) -> str | None:
     """Why technique ``name`` (``on_graph``: it rewrites an ONNX graph) cannot run on ``model`` when that is
     a graph read from an ONNX file, or None."""
-    if on_graph or not isinstance(model, OrtModule) or model.counted is None:
+    if on_graph or not is_graph_file(model):
         return None
     return (
         f"{name} works on PyTorch modules, and a model read from an ONNX file is a graph ONNX Runtime runs; "

@@ -20,6 +20,7 @@ import optuna
 
 from pareto.compress import BACKENDS, Backend, Config, backend_reason
 from pareto.compress.base import Pairs, install_conflicts
+from pareto.compress.onnxrt import is_graph_file
 from pareto.errors import (
     BaselineFailed,
     LockHeld,
@@ -685,9 +686,11 @@ class _Objective:
             raise
 
     def _as_known(self, config: Config) -> Config:
-        """``config`` with the layers learned to be left alone (``pareto.study.layers``), or the configuration
-        it turned out to be here (a technique in it changed nothing)."""
+        """``config`` with the layers learned to be left alone (``pareto.study.layers``), or what it turned out
+        to be here (a technique that changed nothing left out; an ONNX file bare on ONNX Runtime: its baseline)."""
         where = (self.bench.engine, self.setup.study_id, self.bench.env_id)
+        if not config.techniques and config.backend == "onnxruntime" and is_graph_file(self.bench.task.model):
+            config = Config(batch_size=config.batch_size)
         config = layers.with_learned(config, layers.learned(*where))
         smaller = storage.same_as_chain(
             self.bench.engine, self.setup.study_id, self.bench.env_id, config.key(), lambda c: Config.from_dict(c).key()
