@@ -16,9 +16,11 @@ import argparse
 import sys
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 
 import torch
 
+from pareto.errors import ParetoError
 from pareto.front import Candidate, select_best
 from pareto.limits import Constraints, Limits
 from pareto.machine import describe_cpu_features
@@ -94,4 +96,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except ParetoError as exc:  # a busy machine, a study without a rate: one sentence, no traceback
+        sys.exit(f"{Path(__file__).name}: {exc}")

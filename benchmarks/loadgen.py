@@ -42,6 +42,7 @@ import torch
 from capacity_seeds import open_stored  # type: ignore[import-not-found]  # beside this script
 
 import pareto
+from pareto.errors import ParetoError
 from pareto.machine import describe_cpu_features
 from pareto.measure.environment import fingerprint
 from pareto.measure.queue import Batcher
@@ -297,4 +298,7 @@ def _version() -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except ParetoError as exc:  # a busy machine, a study without a rate: one sentence, no traceback
+        sys.exit(f"{Path(__file__).name}: {exc}")
