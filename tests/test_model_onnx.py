@@ -95,6 +95,30 @@ def _tiny_graph() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
+def test_a_file_graph_is_fed_by_name_whatever_its_inputs_order() -> None:
+    """Graphs of two inputs: (attention_mask, input_ids) in that order, and (input_ids, token_type_ids) with no
+    mask; the task passes (input_ids, attention_mask) either way."""
+    from onnx import TensorProto, helper
+
+    from pareto.compress.onnxrt import OrtModule
+
+    def graph(first: str, second: str) -> onnx.ModelProto:
+        """``logits = input_ids - <the other input>``, the inputs declared in this order."""
+        values = [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "length"]) for n in (first, second)]
+        other = second if first == "input_ids" else first
+        nodes = [helper.make_node("Sub", ["input_ids", other], ["logits"])]
+        out = helper.make_tensor_value_info("logits", TensorProto.INT64, ["batch", "length"])
+        body = helper.make_graph(nodes, "g", values, [out])
+        return helper.make_model(body, opset_imports=[helper.make_opsetid("", 17)])
+
+    ids, mask = torch.tensor([[7, 8, 9]]), torch.tensor([[1, 1, 0]])
+    swapped = OrtModule(graph("attention_mask", "input_ids"), None, given=("input_ids", "attention_mask"))
+    assert torch.equal(swapped(ids, mask), ids - mask)
+    no_mask = OrtModule(graph("input_ids", "token_type_ids"), None, given=("input_ids",))  # as load_onnx keeps it
+    assert torch.equal(no_mask(ids, mask), ids)  # token_type_ids fed as zeros, the mask not taken for them
+    assert [tuple(t.shape) for t in no_mask.graph_args((ids, mask))] == [(1, 3), (1, 3)]
+
+
 def test_the_graph_is_counted_from_its_nodes() -> None:
     from pareto.measure.graph_cost import graph_cost
 

@@ -257,9 +257,9 @@ def _other_batch(
 
     reference = model if artifact.inductor_freezing else getattr(model, "_orig_mod", model)
     try:
-        args = graph_args(model, as_args(task.example_input(batch)))
+        args = as_args(task.example_input(batch))
         with torch.inference_mode():
-            return args, reference(*args), None
+            return graph_args(model, args), reference(*args), None
     except Exception as exc:  # the task or model takes one batch size only: the check says so
         return None, None, f"the compressed model itself fails on it ({exception_line(exc)})"
 
@@ -286,9 +286,10 @@ def reload_check(
 
     from pareto.devices import as_args
 
-    args = graph_args(model, as_args(task.example_input(config.batch_size)))
+    given = as_args(task.example_input(config.batch_size))
     with torch.inference_mode():
-        expected = _clone(model(*args))  # cloned: a CUDA-graph compiled model reuses its output buffers
+        expected = _clone(model(*given))  # cloned: a CUDA-graph compiled model reuses its output buffers
+    args = graph_args(model, given)  # what the artifact is called with
     other_batch = 1 if config.batch_size != 1 else 2
     other_args, other_expected, other_error = _other_batch(task, model, artifact, other_batch)
     batches = [args] if other_args is None else [args, other_args]

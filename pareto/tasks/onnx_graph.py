@@ -126,7 +126,7 @@ class OrtModule(nn.Module):
 
     def _tensors(self, args: tuple[Any, ...]) -> dict[str, torch.Tensor]:
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        if len(tensors) == len(self._names) or self.given is None:
+        if self.given is None:  # the graph's inputs, in its order (an export of a PyTorch module)
             if len(tensors) != len(self._names):
                 raise TypeError(f"the ONNX graph takes {len(self._names)} tensor inputs, got {len(tensors)}")
             return dict(zip(self._names, tensors, strict=True))
